@@ -1,0 +1,182 @@
+"""The command line: `cnnlab cpu|cuda|generate|compare|bench`, the lab's commands and a few more.
+
+This is the only place where errors become one-line messages and exit statuses: 0 success,
+1 outputs that differ (compare), 2 bad usage or a failed run, 130/143 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from cnnlab.errors import CnnlabError, UsageError
+from cnnlab.files import AtomicOutput, read_cnn
+from cnnlab.network import Backend, Cnn
+from cnnlab.resources import resource_dir
+from cnnlab.run import run_network
+
+DEFAULT_OUTPUTS = {"cpu": Path("out/out.csv"), "cuda": Path("out/out_cuda.csv")}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but bad usage is one line on stderr and exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, not {text!r}")
+    return value
+
+
+def _nonnegative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0.0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative number, not {text!r}")
+    return value
+
+
+def make_backend(mode: str, cnn: Cnn, batch_size: int | None) -> Backend:
+    """The backend for `mode`; the CUDA one is imported only when asked for."""
+    if mode == "cpu":
+        from cnnlab.cpu import CpuBackend
+
+        return CpuBackend(cnn, batch_size)
+    from cnnlab.cuda import CudaContext
+
+    return CudaContext(cnn, batch_size)
+
+
+def _run(args: argparse.Namespace) -> int:
+    files = args.files or [
+        resource_dir("data") / "cnn.csv",
+        resource_dir("data") / "in.csv",
+        DEFAULT_OUTPUTS[args.mode],
+    ]
+    if len(files) != 3:
+        raise UsageError(f"{args.mode} takes CNN_FILE INPUT_FILE OUTPUT_FILE, or no files for the default data")
+    cnn_path, input_path, output_path = files
+    cnn = read_cnn(cnn_path)
+    with make_backend(args.mode, cnn, args.batch) as backend:
+        stats = run_network(backend, input_path, output_path)
+        device = backend.device
+    if stats.trailing_data_line is not None:
+        print(
+            f"cnnlab: warning: {input_path}:{stats.trailing_data_line}: data after the {stats.images} "
+            "matrices the first line announces is ignored",
+            file=sys.stderr,
+        )
+    print(f"{stats.work_microseconds} microseconds of actual work done")
+    if args.timing_json:
+        figures = {
+            "mode": args.mode,
+            "device": device,
+            "images": stats.images,
+            "batch_size": stats.batch_size,
+            "work_seconds": stats.work_seconds,
+            "work_microseconds": stats.work_microseconds,
+            "images_per_second": stats.images_per_second,
+        }
+        with AtomicOutput(args.timing_json) as out:
+            json.dump(figures, out, indent=2)
+            out.write("\n")
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from cnnlab.generate import generate
+
+    cnn_path, input_path = generate(args.out_dir, args.images, args.seed)
+    print(f"cnnlab: wrote {cnn_path} and {input_path} ({args.images} images)", file=sys.stderr)
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from cnnlab.compare import compare_files
+
+    result = compare_files(args.file_a, args.file_b, args.rel_tol, args.abs_tol)
+    if not result.matches:
+        print(f"cnnlab: {result.problem}", file=sys.stderr)
+        return 1
+    print(
+        f"Comparison finished: {result.lines} lines, {result.values} values close "
+        f"(largest difference {result.max_abs_diff:.3g} absolute, {result.max_rel_diff:.3g} relative)"
+    )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from cnnlab.compare import DEFAULT_ABS_TOL, DEFAULT_REL_TOL
+    from cnnlab.generate import DEFAULT_IMAGES
+
+    parser = _Parser(prog="cnnlab", description="The ECE 459 Lab 3 CNN: a batched float64 forward on the CPU or a GPU.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for mode, where in (("cpu", "numpy on the CPU"), ("cuda", "CUDA kernels on the GPU")):
+        run = commands.add_parser(
+            mode,
+            help=f"run the network with {where}",
+            description=f"Run the network with {where}: the lab's `{mode} CNN_FILE INPUT_FILE OUTPUT_FILE`. "
+            f"With no files: the default data, written to {DEFAULT_OUTPUTS[mode]}. stdout gets the lab's "
+            "line 'N microseconds of actual work done'.",
+        )
+        run.add_argument("files", nargs="*", metavar="FILE", help="CNN_FILE INPUT_FILE OUTPUT_FILE")
+        run.add_argument("--batch", type=_positive_int, help="images per compute call (default: sized to the backend)")
+        run.add_argument("--timing-json", metavar="PATH", help="also write the run's figures as JSON")
+        run.set_defaults(handler=_run, mode=mode)
+
+    gen = commands.add_parser(
+        "generate",
+        help="write a random CNN file and input file",
+        description="Write cnn.csv and in.csv in the lab's layout, values uniform in [-10, 10].",
+    )
+    gen.add_argument("--images", type=_positive_int, default=DEFAULT_IMAGES, help=f"images in in.csv (default {DEFAULT_IMAGES})")
+    gen.add_argument("--seed", type=int, help="random seed: the same seed gives the same files")
+    gen.add_argument("--out-dir", default="input", help="folder for cnn.csv and in.csv (default input/)")
+    gen.set_defaults(handler=_generate)
+
+    cmp = commands.add_parser(
+        "compare",
+        help="check two output files agree (the lab's compare.py)",
+        description="Exit 0 when both files have the same lines and values and every pair is close by "
+        "math.isclose; exit 1 naming the first discrepancy and counting the values that differ. "
+        "Outputs near zero are sums of large terms that cancel, so their rounding error is large "
+        "relative to the value itself: a relative rule can fail there though both are right to "
+        "the last bits of the terms; --abs-tol admits such pairs.",
+    )
+    cmp.add_argument("file_a", metavar="A")
+    cmp.add_argument("file_b", metavar="B")
+    for option, default, what in (("--rel-tol", DEFAULT_REL_TOL, "relative"), ("--abs-tol", DEFAULT_ABS_TOL, "absolute")):
+        cmp.add_argument(option, type=_nonnegative_float, default=default, help=f"{what} tolerance (default {default:g})")
+    cmp.set_defaults(handler=_compare)
+    return parser
+
+
+def _terminate(signum: int, frame: object) -> None:
+    """SIGTERM unwinds like an exception, so temporary outputs are removed on the way out."""
+    raise SystemExit(128 + signum)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        args = build_parser().parse_args(argv)
+        return args.handler(args)
+    except CnnlabError as error:
+        print(f"cnnlab: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("cnnlab: interrupted", file=sys.stderr)
+        return 130

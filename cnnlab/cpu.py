@@ -1,0 +1,81 @@
+"""The CPU backend: the network in vectorised numpy, bit for bit what the lab's cpu.rs computes.
+
+cpu.rs sums each dot product left to right. numpy's sum over a leading (non-contiguous) axis
+adds whole rows in order, which is that same left fold for every output at once; a sum over the
+contiguous axis, or a matrix product, would round differently. So both layers first lay their
+terms out with the summed index leading, then sum over axis 0.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from cnnlab.network import (
+    CONV_LAYER_SIZE,
+    CONV_OUT_DIM,
+    FILTER_DIM,
+    INPUT_DIM,
+    OUT_NEURON_DIM,
+    Cnn,
+    ImageBatch,
+    OutputBatch,
+)
+
+# Images per numpy pass: small enough that the (25, n, 10, 400) product array stays in cache.
+CHUNK_IMAGES = 8
+
+
+def forward(images: np.ndarray, filters_by_tap: np.ndarray, weights_by_input: np.ndarray) -> np.ndarray:
+    """Outputs (n, 10) for images (n, 100, 100); filters (25, 1, 10, 1), weights (4000, 1, 10)."""
+    n = images.shape[0]
+    # taps[i*5+j, b, 0, r*20+c] = images[b, 5r+i, 5c+j]: the 25 terms of each convolution, tap-major.
+    taps = (
+        images.reshape(n, CONV_OUT_DIM, FILTER_DIM, CONV_OUT_DIM, FILTER_DIM)
+        .transpose(2, 4, 0, 1, 3)
+        .reshape(FILTER_DIM * FILTER_DIM, n, 1, CONV_OUT_DIM * CONV_OUT_DIM)
+    )
+    conv = (taps * filters_by_tap).sum(axis=0)  # (n, 10, 400)
+    np.copyto(conv, 0.0, where=conv < 0.0)  # ReLU, leaving -0.0 as cpu.rs does
+    flattened = conv.reshape(n, OUT_NEURON_DIM).T[:, :, None]  # (4000, n, 1), input-major
+    return (flattened * weights_by_input).sum(axis=0)
+
+
+class CpuBackend:
+    """The numpy forward over chunks of a batch, spread over a thread per core (numpy frees the GIL)."""
+
+    name = "cpu"
+    batch_size = 1024
+
+    def __init__(self, cnn: Cnn, batch_size: int | None = None, threads: int | None = None) -> None:
+        self.batch_size = batch_size or self.batch_size
+        self._filters_by_tap = np.ascontiguousarray(
+            cnn.filters.reshape(CONV_LAYER_SIZE, FILTER_DIM * FILTER_DIM).T
+        )[:, None, :, None]
+        self._weights_by_input = np.ascontiguousarray(cnn.weights.T)[:, None, :]
+        threads = threads or os.cpu_count() or 1
+        self.device = f"{platform.machine() or 'cpu'}, {threads} threads"
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="cnnlab-cpu")
+
+    def allocate_images(self, count: int) -> np.ndarray:
+        return np.empty((count, INPUT_DIM, INPUT_DIM))
+
+    def compute(self, batch: ImageBatch) -> OutputBatch:
+        images = batch.images
+        chunks = [images[start : start + CHUNK_IMAGES] for start in range(0, len(images), CHUNK_IMAGES)]
+        parts = self._pool.map(
+            lambda chunk: forward(chunk, self._filters_by_tap, self._weights_by_input), chunks
+        )
+        return OutputBatch(np.concatenate(list(parts)))
+
+    def close(self) -> None:
+        self._pool.shutdown()
+
+    def __enter__(self) -> CpuBackend:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

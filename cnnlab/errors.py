@@ -1,0 +1,32 @@
+"""The project's exceptions: raised where a problem is found, turned into one line only by the CLI."""
+
+from __future__ import annotations
+
+import os
+
+
+class CnnlabError(Exception):
+    """Any failure cnnlab reports to its user as one line."""
+
+
+class UsageError(CnnlabError):
+    """The command line asked for something that cannot be done (exit status 2)."""
+
+
+class InputFileError(CnnlabError):
+    """A file that cannot be read as what it should be, with the line where that was found."""
+
+    def __init__(self, path: str | os.PathLike, message: str, line: int | None = None) -> None:
+        self.path = os.fspath(path)
+        self.line = line
+        self.message = message
+        where = self.path if line is None else f"{self.path}:{line}"
+        super().__init__(f"{where}: {message}")
+
+
+class OutputFileError(CnnlabError):
+    """An output that cannot be written where it was asked for."""
+
+
+class DeviceError(CnnlabError):
+    """The GPU path cannot run: no pycuda, no driver or device, no PTX, or a failed launch."""

@@ -1,0 +1,282 @@
+"""The lab's file formats: the CNN file, the input file (read in batches) and the output file.
+
+Every problem with a file is raised as an InputFileError naming the file and line. Outputs go
+to a temporary file beside the target and are renamed into place only when the run succeeds.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import BinaryIO, TextIO
+
+import numpy as np
+
+from cnnlab.errors import InputFileError, OutputFileError
+from cnnlab.network import (
+    CONV_LAYER_SIZE,
+    FILTER_DIM,
+    INPUT_DIM,
+    OUT_LAYER_SIZE,
+    OUT_NEURON_DIM,
+    Cnn,
+    OutputBatch,
+)
+
+# The longest line a valid file holds is 4000 values of at most ~25 characters; anything far
+# longer is refused before it is read whole into memory.
+MAX_LINE_BYTES = 1 << 20
+
+NumberedLine = tuple[int, bytes]
+
+_NOT_TEXT = re.compile(rb"[^\t\x20-\x7e]")  # anything but printable ASCII and tabs
+
+# mkstemp makes files only the owner can read; outputs get the usual mode (0666 less the umask).
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
+def open_for_reading(path: str | os.PathLike) -> BinaryIO:
+    """Open `path` in binary mode, turning the OS's refusal into an InputFileError."""
+    try:
+        return open(path, "rb")
+    except FileNotFoundError:
+        raise InputFileError(path, "no such file") from None
+    except IsADirectoryError:
+        raise InputFileError(path, "is a directory, not a file") from None
+    except OSError as error:
+        raise InputFileError(path, error.strerror or str(error)) from None
+
+
+class LineSource:
+    """The non-blank lines of a text file, numbered from 1, with line ends (LF or CRLF) removed."""
+
+    def __init__(self, path: str | os.PathLike, file: BinaryIO) -> None:
+        self.path = path
+        self._file = file
+        self.line_number = 0  # the number of the last line read
+
+    def next_line(self) -> NumberedLine | None:
+        """The next non-blank line, or None at the end of the file."""
+        while True:
+            line = self._file.readline(MAX_LINE_BYTES + 1)
+            if not line:
+                return None
+            self.line_number += 1
+            if len(line) > MAX_LINE_BYTES:
+                raise InputFileError(self.path, f"line longer than {MAX_LINE_BYTES} bytes", self.line_number)
+            if line.strip():
+                return self.line_number, line.rstrip(b"\r\n")
+
+    def take(self, count: int) -> list[NumberedLine]:
+        """The next `count` non-blank lines; fewer only where the file ends first."""
+        lines: list[NumberedLine] = []
+        while len(lines) < count and (line := self.next_line()) is not None:
+            lines.append(line)
+        return lines
+
+
+def parse_rows(path: str | os.PathLike, lines: list[NumberedLine], width: int, out: np.ndarray) -> None:
+    """Parse `lines`, each of `width` comma-separated finite numbers, into the flat array `out`.
+
+    The fast path converts the whole block at once; only when it fails are the lines walked one by
+    one to name the first bad line and value. Values are converted exactly as Python's float()
+    does (correctly rounded), except that underscores, which the lab's Rust reader refused, are too.
+    """
+    block = b",".join(line for _, line in lines)
+    if block.count(b",") == len(lines) * width - 1 and b"_" not in block:
+        try:
+            out[:] = np.array(block.split(b","), dtype=np.float64)
+        except ValueError:
+            pass
+        else:
+            if np.isfinite(out).all():
+                return
+    check_lines(path, lines, width)
+    raise AssertionError("a block failed to parse but no line in it is bad")  # pragma: no cover
+
+
+def check_lines(path: str | os.PathLike, lines: list[NumberedLine], width: int) -> None:
+    """Raise the InputFileError that describes the first bad line among `lines`, if one is bad."""
+    for number, line in lines:
+        _check_line(path, number, line, width)
+
+
+def _check_text(path: str | os.PathLike, number: int, line: bytes) -> None:
+    if binary := _NOT_TEXT.search(line):
+        column = binary.start()
+        raise InputFileError(
+            path, f"not a text file of numbers (byte 0x{line[column]:02x} at column {column + 1})", number
+        )
+
+
+def _check_line(path: str | os.PathLike, number: int, line: bytes, width: int) -> None:
+    _check_text(path, number, line)
+    fields = line.split(b",")
+    if len(fields) != width:
+        raise InputFileError(path, f"expected {width} comma-separated values, found {len(fields)}", number)
+    for position, field in enumerate(fields, start=1):
+        text = field.decode("ascii").strip()
+        if not text:
+            raise InputFileError(path, f"value {position} is missing", number)
+        try:
+            if "_" in text:
+                raise ValueError(text)
+            value = float(text)
+        except ValueError:
+            raise InputFileError(path, f"value {position} {_shorten(text)!r} is not a number", number) from None
+        if not np.isfinite(value):
+            raise InputFileError(path, f"value {position} {_shorten(text)!r} is not a finite number", number)
+
+
+def _shorten(text: str, limit: int = 40) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def read_cnn(path: str | os.PathLike) -> Cnn:
+    """Read a CNN file: 10 lines of 25 filter values, then 10 lines of 4000 output weights."""
+    filters = np.empty((CONV_LAYER_SIZE, FILTER_DIM, FILTER_DIM))
+    weights = np.empty((OUT_LAYER_SIZE, OUT_NEURON_DIM))
+    with open_for_reading(path) as file:
+        source = LineSource(path, file)
+        for target, rows, what in (
+            (filters, CONV_LAYER_SIZE, "convolution filters"),
+            (weights, OUT_LAYER_SIZE, "output-layer weights"),
+        ):
+            lines = source.take(rows)
+            if len(lines) < rows:
+                check_lines(path, lines, target[0].size)
+                raise InputFileError(
+                    path, f"file ends after {len(lines)} of the {rows} lines of {what}", source.line_number
+                )
+            parse_rows(path, lines, target[0].size, target.reshape(-1))
+        extra = source.next_line()
+        if extra is not None:
+            raise InputFileError(path, "unexpected data after the 10 lines of output-layer weights", extra[0])
+    return Cnn(filters, weights)
+
+
+class CsvImageReader:
+    """The lab's input file, read a batch of images at a time so that memory stays bounded.
+
+    The first line holds N; then come N matrices of 100 lines of 100 values. Blank lines anywhere
+    are ignored, as the lab's reader did.
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = path
+        self._file = open_for_reading(path)
+        try:
+            self._source = LineSource(path, self._file)
+            self.count = self._read_count()
+        except BaseException:
+            self._file.close()
+            raise
+        self.images_read = 0
+
+    def _read_count(self) -> int:
+        first = self._source.next_line()
+        if first is None:
+            raise InputFileError(self.path, "empty file: the first line must hold the number of matrices")
+        number, line = first
+        _check_text(self.path, number, line)
+        text = line.decode("ascii").strip()
+        if not text.isdigit() or int(text) < 1:
+            raise InputFileError(
+                self.path,
+                f"the first line must hold the number of matrices, a positive integer, not {_shorten(text)!r}",
+                number,
+            )
+        return int(text)
+
+    def read_into(self, out: np.ndarray) -> int:
+        """Fill the leading images of `out` (shape (n, 100, 100)) with the next images; return how many."""
+        wanted = min(len(out), self.count - self.images_read)
+        if wanted <= 0:
+            return 0
+        lines = self._source.take(wanted * INPUT_DIM)
+        if len(lines) < wanted * INPUT_DIM:
+            check_lines(self.path, lines, INPUT_DIM)
+            self._raise_truncated(len(lines))
+        parse_rows(self.path, lines, INPUT_DIM, out[:wanted].reshape(-1))
+        self.images_read += wanted
+        return wanted
+
+    def _raise_truncated(self, lines_read: int) -> None:
+        complete = self.images_read + lines_read // INPUT_DIM
+        partial = lines_read % INPUT_DIM
+        detail = f"; matrix {complete + 1} has only {partial} of its {INPUT_DIM} lines" if partial else ""
+        raise InputFileError(
+            self.path,
+            f"file ends after {complete} of the {self.count} matrices the first line announces{detail}",
+            self._source.line_number,
+        )
+
+    def trailing_data_line(self) -> int | None:
+        """After all N images: the number of the first non-blank line that follows them, if any."""
+        extra = self._source.next_line()
+        return None if extra is None else extra[0]
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> CsvImageReader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def format_outputs(outputs: OutputBatch) -> str:
+    """The lines of an output file: 10 comma-separated values each, in shortest round-trip form."""
+    return "".join(",".join(map(repr, row)) + "\n" for row in outputs.values.tolist())
+
+
+class AtomicOutput:
+    """A text file written beside `path` under a temporary name and renamed onto it only on success.
+
+    A failure or interruption inside the `with` block removes the temporary file and leaves any
+    existing file at `path` untouched.
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self._file: TextIO | None = None
+
+    def __enter__(self) -> TextIO:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            descriptor, temporary = tempfile.mkstemp(
+                prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent
+            )
+        except OSError as error:
+            raise OutputFileError(f"{self.path}: cannot write here: {error.strerror or error}") from None
+        os.chmod(descriptor, 0o666 & ~_UMASK)
+        self._temporary = Path(temporary)
+        self._file = os.fdopen(descriptor, "w", newline="\n")
+        return self._file
+
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        assert self._file is not None
+        try:
+            self._file.close()
+            if exc_type is None:
+                os.replace(self._temporary, self.path)
+        except OSError as error:
+            raise OutputFileError(f"{self.path}: cannot write: {error.strerror or error}") from None
+        finally:
+            self._temporary.unlink(missing_ok=True)
+
+
+def read_outputs(path: str | os.PathLike) -> list[list[float]]:
+    """Read an output file as rows of floats, for the comparison (any number of values per line)."""
+    rows = []
+    with open_for_reading(path) as file:
+        source = LineSource(path, file)
+        while (numbered := source.next_line()) is not None:
+            row = np.empty(numbered[1].count(b",") + 1)
+            parse_rows(path, [numbered], row.size, row)
+            rows.append(row.tolist())
+    return rows

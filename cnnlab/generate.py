@@ -1,0 +1,61 @@
+"""Random CNN and input files in the lab's layout, as the lab's generate.py writes them.
+
+Values are uniform in [-10, 10] and written in shortest round-trip form, one matrix row a line;
+the input file has a blank line after each matrix, the CNN file one between its two parts.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+from cnnlab.files import AtomicOutput
+from cnnlab.network import CONV_LAYER_SIZE, FILTER_DIM, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM
+
+VALUE_BOUND = 10.0
+DEFAULT_IMAGES = 250
+_IMAGES_PER_WRITE = 64  # bounds the memory used while writing a large input file
+
+
+def _rows_text(rows: np.ndarray) -> str:
+    return "".join(",".join(map(repr, row)) + "\n" for row in rows.tolist())
+
+
+def random_values(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    """Fresh float64 values, uniform in [-10, 10] like the lab's generator."""
+    return rng.uniform(-VALUE_BOUND, VALUE_BOUND, shape)
+
+
+def write_cnn_file(path: str | os.PathLike, filters: np.ndarray, weights: np.ndarray) -> None:
+    """Write a CNN file: 10 lines of 25 filter values, a blank line, 10 lines of 4000 weights."""
+    with AtomicOutput(path) as out:
+        out.write(_rows_text(filters.reshape(CONV_LAYER_SIZE, FILTER_DIM * FILTER_DIM)))
+        out.write("\n")
+        out.write(_rows_text(weights.reshape(OUT_LAYER_SIZE, OUT_NEURON_DIM)))
+
+
+def write_input_file(path: str | os.PathLike, count: int, images: Iterable[np.ndarray]) -> None:
+    """Write an input file of the `count` (100, 100) images that `images` yields."""
+    with AtomicOutput(path) as out:
+        out.write(f"{count}\n")
+        for image in images:
+            out.write(_rows_text(image))
+            out.write("\n")
+
+
+def generate(out_dir: str | os.PathLike, images: int, seed: int | None) -> tuple[Path, Path]:
+    """Write out_dir/cnn.csv and out_dir/in.csv; the same seed gives the same files."""
+    rng = np.random.default_rng(seed)
+    cnn_path, input_path = Path(out_dir) / "cnn.csv", Path(out_dir) / "in.csv"
+    write_cnn_file(
+        cnn_path,
+        random_values(rng, CONV_LAYER_SIZE, FILTER_DIM, FILTER_DIM),
+        random_values(rng, OUT_LAYER_SIZE, OUT_NEURON_DIM),
+    )
+    chunks = (random_values(rng, min(_IMAGES_PER_WRITE, images - start), INPUT_DIM, INPUT_DIM)
+              for start in range(0, images, _IMAGES_PER_WRITE))
+    write_input_file(input_path, images, (image for chunk in chunks for image in chunk))
+    return cnn_path, input_path

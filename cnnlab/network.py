@@ -1,0 +1,93 @@
+"""The network's constants and typed containers (the lab's cnn.rs).
+
+Each container checks shape, dtype and contiguity once, when it is made, so the backends
+can trust what they are handed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+INPUT_DIM = 100  # an image is INPUT_DIM x INPUT_DIM
+FILTER_DIM = 5  # each convolution filter is FILTER_DIM x FILTER_DIM, applied at stride FILTER_DIM
+CONV_LAYER_SIZE = 10  # number of filters
+CONV_OUT_DIM = INPUT_DIM // FILTER_DIM  # each filter gives a CONV_OUT_DIM x CONV_OUT_DIM map
+OUT_NEURON_DIM = CONV_LAYER_SIZE * CONV_OUT_DIM * CONV_OUT_DIM  # 4000 flattened values
+OUT_LAYER_SIZE = 10  # number of output neurons
+IMAGE_BYTES = INPUT_DIM * INPUT_DIM * 8  # 80,000 bytes of float64 per image
+
+
+def _checked(name: str, array: np.ndarray, shape: tuple[int | None, ...]) -> np.ndarray:
+    """Return `array` if it is a C-contiguous float64 array of `shape` (None: any length >= 1)."""
+    if not isinstance(array, np.ndarray) or array.dtype != np.float64:
+        raise TypeError(f"{name} must be a float64 numpy array, not {getattr(array, 'dtype', type(array))}")
+    if array.ndim != len(shape) or any(
+        want is not None and got != want for got, want in zip(array.shape, shape)
+    ):
+        raise ValueError(f"{name} must have shape {shape}, not {array.shape}")
+    if array.shape[0] < 1:
+        raise ValueError(f"{name} must hold at least one row")
+    if not array.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous")
+    return array
+
+
+@dataclass(frozen=True)
+class Cnn:
+    """The network's weights: filters (10, 5, 5) and output weights (10, 4000)."""
+
+    filters: np.ndarray
+    weights: np.ndarray
+
+    def __post_init__(self) -> None:
+        _checked("filters", self.filters, (CONV_LAYER_SIZE, FILTER_DIM, FILTER_DIM))
+        _checked("weights", self.weights, (OUT_LAYER_SIZE, OUT_NEURON_DIM))
+
+
+@dataclass(frozen=True)
+class ImageBatch:
+    """A batch of input images, shape (n, 100, 100)."""
+
+    images: np.ndarray
+
+    def __post_init__(self) -> None:
+        _checked("images", self.images, (None, INPUT_DIM, INPUT_DIM))
+
+    def __len__(self) -> int:
+        return self.images.shape[0]
+
+
+@dataclass(frozen=True)
+class OutputBatch:
+    """The network's outputs for a batch, shape (n, 10)."""
+
+    values: np.ndarray
+
+    def __post_init__(self) -> None:
+        _checked("outputs", self.values, (None, OUT_LAYER_SIZE))
+
+    def __len__(self) -> int:
+        return self.values.shape[0]
+
+
+class Backend(Protocol):
+    """What the command line needs of a backend: the CPU and the CUDA one both provide it."""
+
+    name: str  # "cpu" or "cuda"
+    device: str  # what it runs on, in words
+    batch_size: int  # images per compute() call that suit this backend
+
+    def allocate_images(self, count: int) -> np.ndarray:
+        """A host buffer of shape (count, 100, 100) that compute() reads fastest from."""
+        ...
+
+    def compute(self, batch: ImageBatch) -> OutputBatch:
+        """The network's outputs for every image of the batch, in order."""
+        ...
+
+    def __enter__(self) -> Backend: ...
+
+    def __exit__(self, *exc_info: object) -> None: ...

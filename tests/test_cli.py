@@ -1,0 +1,166 @@
+"""The command line end to end, in a subprocess: outputs, the timing line, exit codes, messages."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import random_cnn, write_files
+
+from cnnlab.cpu import CpuBackend
+from cnnlab.files import read_outputs
+from cnnlab.generate import random_values
+from cnnlab.network import ImageBatch
+from cnnlab.resources import resource_dir
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMING_LINE = re.compile(r"^\d+ microseconds of actual work done\n$")
+
+
+def cnnlab(*args: str | os.PathLike, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run(
+        [sys.executable, "-m", "cnnlab", *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], status: int = 2) -> str:
+    assert result.returncode == status, result.stderr
+    assert result.stderr.startswith("cnnlab: ") and result.stderr.count("\n") == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    return result.stderr
+
+
+def test_cpu_on_default_data(tmp_path: Path) -> None:
+    result = cnnlab("cpu", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert TIMING_LINE.match(result.stdout)
+    assert result.stderr == ""
+    assert (tmp_path / "out" / "out.csv").read_text() == (resource_dir("data") / "out.csv").read_text()
+
+
+def test_cpu_on_generated_files_matches_backend_and_writes_timing_json(tmp_path: Path, rng: np.random.Generator) -> None:
+    cnn = random_cnn(rng)
+    images = random_values(rng, 5, 100, 100)
+    cnn_path, input_path = write_files(tmp_path, cnn, images)
+    result = cnnlab("cpu", cnn_path, input_path, tmp_path / "o" / "out.csv", "--batch", "2", "--timing-json", tmp_path / "t.json")
+    assert result.returncode == 0, result.stderr
+    assert TIMING_LINE.match(result.stdout)
+    with CpuBackend(cnn) as backend:
+        want = backend.compute(ImageBatch(images)).values.tolist()
+    assert read_outputs(tmp_path / "o" / "out.csv") == want
+    figures = json.loads((tmp_path / "t.json").read_text())
+    assert figures["images"] == 5 and figures["batch_size"] == 2 and figures["mode"] == "cpu"
+    assert figures["work_microseconds"] == int(result.stdout.split()[0])
+    assert figures["images_per_second"] == pytest.approx(5 / figures["work_seconds"])
+
+
+def test_generate_then_cpu_then_compare(tmp_path: Path) -> None:
+    assert cnnlab("generate", "--images", "3", "--seed", "1", "--out-dir", tmp_path).returncode == 0
+    out_a, out_b = tmp_path / "a.csv", tmp_path / "b.csv"
+    for out in (out_a, out_b):
+        assert cnnlab("cpu", tmp_path / "cnn.csv", tmp_path / "in.csv", out).returncode == 0
+    result = cnnlab("compare", out_a, out_b)
+    assert result.returncode == 0 and result.stdout.startswith("Comparison finished: 3 lines, 30 values")
+
+
+def test_compare_names_the_first_discrepancy_and_counts(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    a.write_text("1.0,2.0,3.0\n4.0,5.0,6.0\n")
+    b.write_text("1.0,2.0,3.0\n4.0,5.00001,6.1\n")
+    result = cnnlab("compare", a, b)
+    stderr = assert_one_line_error(result, status=1)
+    assert "line 2 value 2: 5.0 vs 5.00001" in stderr and "2 of 6 values differ" in stderr
+    assert cnnlab("compare", a, b, "--rel-tol", "0.05").returncode == 0
+    assert cnnlab("compare", a, b, "--abs-tol", "0.2").returncode == 0
+    b.write_text("1.0,2.0,3.0\n")
+    assert "has 2 lines" in assert_one_line_error(cnnlab("compare", a, b), status=1)
+    b.write_text("1.0,2.0,3.0\n4.0,5.0\n")
+    assert "line 2: " in assert_one_line_error(cnnlab("compare", a, b), status=1)
+    b.write_text("1.0,2.0,x\n4.0,5.0,6.0\n")
+    assert f"{b}:1: value 3 'x' is not a number" in assert_one_line_error(cnnlab("compare", a, b))
+
+
+def test_compare_rule_is_math_isclose_at_the_edge(tmp_path: Path) -> None:
+    """Relative 1e-9 of the larger magnitude: just inside passes, just outside fails."""
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    a.write_text("1000.0\n")
+    b.write_text(f"{1000.0 + 0.99e-6!r}\n")
+    assert cnnlab("compare", a, b).returncode == 0
+    b.write_text(f"{1000.0 + 1.01e-6!r}\n")
+    assert cnnlab("compare", a, b).returncode == 1
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([], "required"),
+        (["gpu"], "invalid choice"),
+        (["cpu", "only-one-file"], "CNN_FILE INPUT_FILE OUTPUT_FILE"),
+        (["cpu", "--batch", "0"], "positive integer"),
+        (["compare", "a"], "required"),
+        (["compare", "a", "b", "--rel-tol", "-1"], "non-negative"),
+        (["generate", "--images", "x"], "positive integer"),
+    ],
+)
+def test_bad_usage_is_one_line_and_status_2(args: list[str], message: str) -> None:
+    assert message in assert_one_line_error(cnnlab(*args))
+
+
+@pytest.mark.parametrize("command", [[], ["cpu"], ["cuda"], ["generate"], ["compare"]])
+def test_help_everywhere(command: list[str]) -> None:
+    result = cnnlab(*command, "--help")
+    assert result.returncode == 0 and "usage: cnnlab" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "spoil, message",
+    [
+        (lambda text: "", "empty file"),
+        (lambda text: "3" + text[1:], "after 2 of the 3 matrices"),
+        (lambda text: text.replace(",", ",,", 1), "expected 100 comma-separated values, found 101"),
+        (lambda text: re.sub(r"\n[^,\n]+", "\nnan", text, count=1), "value 1 'nan' is not a finite number"),
+        (lambda text: "\x00\xff" + text, "not a text file"),
+    ],
+)
+def test_bad_input_leaves_existing_output_untouched(tmp_path: Path, rng: np.random.Generator, spoil, message: str) -> None:
+    cnn_path, input_path = write_files(tmp_path, random_cnn(rng), random_values(rng, 2, 100, 100))
+    input_path.write_text(spoil(input_path.read_text()))
+    output = tmp_path / "out" / "out.csv"
+    output.parent.mkdir()
+    output.write_text("previous results\n")
+    result = cnnlab("cpu", cnn_path, input_path, output)
+    assert message in assert_one_line_error(result)
+    assert str(input_path) in result.stderr
+    assert result.stdout == ""
+    assert output.read_text() == "previous results\n"
+    assert sorted(p.name for p in output.parent.iterdir()) == ["out.csv"]
+
+
+def test_failed_run_creates_no_output(tmp_path: Path, rng: np.random.Generator) -> None:
+    cnn_path, input_path = write_files(tmp_path, random_cnn(rng), random_values(rng, 1, 100, 100))
+    result = cnnlab("cpu", cnn_path, tmp_path / "missing.csv", tmp_path / "out.csv")
+    assert "missing.csv: no such file" in assert_one_line_error(result)
+    assert not (tmp_path / "out.csv").exists()
+    bad_cnn = tmp_path / "bad_cnn.csv"
+    bad_cnn.write_text("1,2,3\n")
+    result = cnnlab("cpu", bad_cnn, input_path, tmp_path / "out.csv")
+    assert "bad_cnn.csv:1: expected 25" in assert_one_line_error(result)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad_cnn.csv", "cnn.csv", "in.csv"]
+
+
+def test_extra_matrices_are_warned_about_and_ignored(tmp_path: Path, rng: np.random.Generator) -> None:
+    cnn = random_cnn(rng)
+    images = random_values(rng, 3, 100, 100)
+    cnn_path, input_path = write_files(tmp_path, cnn, images)
+    input_path.write_text("2" + input_path.read_text()[1:])
+    result = cnnlab("cpu", cnn_path, input_path, tmp_path / "out.csv")
+    assert result.returncode == 0
+    assert result.stderr == f"cnnlab: warning: {input_path}:204: data after the 2 matrices the first line announces is ignored\n"
+    assert len(read_outputs(tmp_path / "out.csv")) == 2

@@ -1,0 +1,188 @@
+"""The lab's file formats: round trips, what the lab accepted, and every malformed file refused."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import random_cnn, write_files
+
+from cnnlab.errors import InputFileError
+from cnnlab.files import AtomicOutput, CsvImageReader, format_outputs, read_cnn, read_outputs
+from cnnlab.generate import generate, random_values
+from cnnlab.network import OutputBatch
+
+
+def read_all_images(path: Path, batch: int = 3) -> np.ndarray:
+    with CsvImageReader(path) as reader:
+        out = np.empty((reader.count, 100, 100))
+        buffer = np.empty((batch, 100, 100))
+        done = 0
+        while count := reader.read_into(buffer):
+            out[done : done + count] = buffer[:count]
+            done += count
+        assert done == reader.count
+    return out
+
+
+def test_cnn_and_input_round_trip_exactly(tmp_path: Path, rng: np.random.Generator) -> None:
+    cnn = random_cnn(rng)
+    images = random_values(rng, 7, 100, 100)
+    cnn_path, input_path = write_files(tmp_path, cnn, images)
+    back = read_cnn(cnn_path)
+    assert (back.filters == cnn.filters).all() and (back.weights == cnn.weights).all()
+    assert (read_all_images(input_path) == images).all()
+
+
+def test_outputs_round_trip_exactly(tmp_path: Path, rng: np.random.Generator) -> None:
+    # Values of every magnitude, including subnormals and 17-digit ones, come back as the same doubles.
+    values = rng.standard_normal((5, 10)) * 10.0 ** rng.integers(-320, 300, (5, 10))
+    path = tmp_path / "out.csv"
+    with AtomicOutput(path) as out:
+        out.write(format_outputs(OutputBatch(values)))
+    assert read_outputs(path) == values.tolist()
+
+
+def _lab_generator_text(images: np.ndarray) -> str:
+    """The input file as the lab's generate.py writes it: str() of each value, a blank line per matrix."""
+    text = f"{len(images)}\n"
+    for image in images.tolist():
+        for row in image:
+            text += ",".join(str(value) for value in row) + "\n"
+        text += "\n"
+    return text
+
+
+def test_generator_writes_the_labs_layout(tmp_path: Path) -> None:
+    cnn_path, input_path = generate(tmp_path, 3, seed=7)
+    images = read_all_images(input_path)
+    assert input_path.read_text() == _lab_generator_text(images)
+    cnn = read_cnn(cnn_path)
+    rows = [",".join(map(str, row)) + "\n" for row in cnn.filters.reshape(10, 25).tolist()]
+    rows.append("\n")
+    rows += [",".join(map(str, row)) + "\n" for row in cnn.weights.tolist()]
+    assert cnn_path.read_text() == "".join(rows)
+    assert np.abs(images).max() <= 10.0 and images.min() < -9.0 and images.max() > 9.0
+    again = generate(tmp_path / "again", 3, seed=7)[1].read_bytes()
+    other = generate(tmp_path / "other", 3, seed=8)[1].read_bytes()
+    assert again == input_path.read_bytes() and other != again
+
+
+def test_accepts_what_the_labs_reader_accepted(tmp_path: Path, rng: np.random.Generator) -> None:
+    """CRLF line ends, scientific notation, a leading '+', no blank lines between matrices."""
+    images = random_values(rng, 2, 100, 100)
+    images[0, 0, :4] = [1e-300, 4.9e-324, 12345678901234567.0, 0.1]
+    lines = ["2"]
+    for image in images.tolist():
+        for row in image:
+            lines.append(",".join(f"+{v!r}" if i % 3 == 0 and v > 0 else f"{v:.17e}" for i, v in enumerate(row)))
+    path = tmp_path / "in.csv"
+    path.write_bytes(("\r\n".join(lines) + "\r\n").encode())
+    assert (read_all_images(path) == images).all()
+
+
+def _input_text(images: np.ndarray) -> list[str]:
+    lines = [str(len(images))]
+    for image in images.tolist():
+        lines += [",".join(map(repr, row)) for row in image]
+        lines.append("")
+    return lines
+
+
+def _line_of(fields: list[str]) -> str:
+    return ",".join(fields)
+
+
+def _with_line(index: int, make_line):
+    """A spoiler that replaces line `index` (0-based) by make_line(the old line)."""
+    return lambda lines: lines[:index] + [make_line(lines[index])] + lines[index + 1 :]
+
+
+# Each case: how to spoil a valid 2-image file (its lines, 0-based), the line the error must name, and
+# what it must say. Line 1 holds N; image 1 is on lines 2-101, a blank line 102, image 2 on 103-202.
+BAD_INPUTS = {
+    "empty file": (lambda lines: [], None, "empty file"),
+    "N not a number": (lambda lines: ["two"] + lines[1:], 1, "positive integer"),
+    "N zero": (lambda lines: ["0"] + lines[1:], 1, "positive integer"),
+    "N negative": (lambda lines: ["-2"] + lines[1:], 1, "positive integer"),
+    "N larger than the matrices": (lambda lines: ["3"] + lines[1:], 202, "after 2 of the 3 matrices"),
+    "truncated last matrix": (lambda lines: lines[:150], 150, "matrix 2 has only 48 of its 100 lines"),
+    "short line": (_with_line(5, lambda old: old.rsplit(",", 1)[0]), 6, "found 99"),
+    "long line": (_with_line(5, lambda old: old + ",1.0"), 6, "found 101"),
+    "missing value": (_with_line(7, lambda old: _line_of(["1"] * 50 + [""] + ["2"] * 49)), 8, "value 51 is missing"),
+    "not a number": (_with_line(9, lambda old: _line_of(["1"] * 99 + ["abc"])), 10, "value 100 'abc' is not a number"),
+    "NaN": (_with_line(9, lambda old: _line_of(["nan"] + ["1"] * 99)), 10, "'nan' is not a finite number"),
+    "infinity": (_with_line(9, lambda old: _line_of(["1"] * 9 + ["-inf"] + ["1"] * 90)), 10, "value 10 '-inf' is not a finite"),
+    "overflow": (_with_line(9, lambda old: _line_of(["1e400"] + ["1"] * 99)), 10, "not a finite"),
+    "underscore": (_with_line(9, lambda old: _line_of(["1_0"] + ["1"] * 99)), 10, "'1_0' is not a number"),
+    "very long line": (_with_line(3, lambda old: "1," * 600000), 4, "line longer than"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_malformed_input_is_refused_with_file_and_line(tmp_path: Path, rng: np.random.Generator, case: str) -> None:
+    spoil, line, message = BAD_INPUTS[case]
+    path = tmp_path / "in.csv"
+    path.write_text("\n".join(spoil(_input_text(random_values(rng, 2, 100, 100)))))
+    with pytest.raises(InputFileError) as caught:
+        read_all_images(path, batch=2)
+    assert caught.value.line == line
+    assert message in str(caught.value)
+    assert str(caught.value).startswith(f"{path}:{line}: " if line else f"{path}: ")
+
+
+@pytest.mark.parametrize(
+    "content, line, message",
+    [
+        (b"1\n\x00\x01\x02\xff\xfe binary", 2, "not a text file of numbers (byte 0x00"),
+        ("1\n" + ",".join(["1.5"] * 99 + ["caf\u00e9"]) + "\n", 2, "byte 0xc3 at column"),
+    ],
+)
+def test_binary_and_non_utf8_files_are_refused(tmp_path: Path, content: str | bytes, line: int, message: str) -> None:
+    path = tmp_path / "in.csv"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
+    with pytest.raises(InputFileError, match=re.escape(message)) as caught:
+        read_all_images(path)
+    assert caught.value.line == line
+
+
+def test_missing_file_and_directory_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(InputFileError, match="no such file"):
+        CsvImageReader(tmp_path / "absent.csv")
+    with pytest.raises(InputFileError, match="is a directory"):
+        read_cnn(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "spoil, line, message",
+    [
+        (lambda rows: rows[:5], 5, "file ends after 5 of the 10 lines of convolution filters"),
+        (lambda rows: rows[:10] + rows[11:15], 14, "file ends after 4 of the 10 lines of output-layer weights"),
+        (lambda rows: rows[:2] + [rows[2].rsplit(",", 1)[0]] + rows[3:], 3, "expected 25 comma-separated values, found 24"),
+        (lambda rows: rows[:12] + [rows[12].rsplit(",", 1)[0]] + rows[13:], 13, "expected 4000"),
+        (lambda rows: rows + ["1,2"], 22, "unexpected data after"),
+    ],
+)
+def test_malformed_cnn_file_is_refused(tmp_path: Path, rng: np.random.Generator, spoil, line: int, message: str) -> None:
+    cnn_path, _ = write_files(tmp_path, random_cnn(rng), random_values(rng, 1, 100, 100))
+    rows = cnn_path.read_text().split("\n")[:21]  # 10 filter rows, the blank line, 10 weight rows
+    cnn_path.write_text("\n".join(spoil(rows)) + "\n")
+    with pytest.raises(InputFileError, match=message) as caught:
+        read_cnn(cnn_path)
+    assert caught.value.line == line
+
+
+def test_atomic_output_leaves_old_file_untouched_on_failure(tmp_path: Path) -> None:
+    path = tmp_path / "out.csv"
+    path.write_text("old\n")
+    with pytest.raises(RuntimeError):
+        with AtomicOutput(path) as out:
+            out.write("new\n")
+            raise RuntimeError("fail mid-run")
+    assert path.read_text() == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.csv"]
+    with AtomicOutput(tmp_path / "sub" / "dir" / "new.csv") as out:
+        out.write("x\n")
+    assert (tmp_path / "sub" / "dir" / "new.csv").read_text() == "x\n"

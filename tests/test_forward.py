@@ -1,0 +1,95 @@
+"""The numpy forward: bit-exact against the loop reference, hand-computed cases, batching, types."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import random_cnn
+from reference import reference_forward
+
+from cnnlab.cpu import CpuBackend
+from cnnlab.generate import random_values
+from cnnlab.network import Cnn, ImageBatch, OutputBatch
+
+
+def test_matches_loop_reference_bit_for_bit(rng: np.random.Generator) -> None:
+    cnn = random_cnn(rng)
+    images = random_values(rng, 3, 100, 100)
+    with CpuBackend(cnn) as backend:
+        got = backend.compute(ImageBatch(images)).values
+    for image, row in zip(images, got):
+        want = reference_forward(image.tolist(), cnn.filters.tolist(), cnn.weights.tolist())
+        assert row.tolist() == want
+
+
+def _hand_case() -> tuple[Cnn, np.ndarray]:
+    """image[i][j] = i - j; filter 0 all ones, filter 1 all minus ones, the rest zero.
+
+    conv0[r][c] = sum over the 5x5 patch of (5r+x) - (5c+y) = 125 (r - c), so after ReLU it is
+    125 (r - c) below the diagonal and 0 elsewhere; conv1 is the mirror, 125 (c - r) above it.
+    """
+    rows = np.arange(100, dtype=np.float64)
+    image = rows[:, None] - rows[None, :]
+    filters = np.zeros((10, 5, 5))
+    filters[0], filters[1] = 1.0, -1.0
+    weights = np.zeros((10, 4000))
+    weights[0, 0:400] = 1.0  # sum of conv0
+    weights[1, 0:400] = -1.0
+    weights[2, 400:800] = 1.0  # sum of conv1
+    weights[3, 0 * 400 + 19 * 20 + 0] = 1.0  # conv0[19][0]: checks the flattening order
+    weights[4, 1 * 400 + 0 * 20 + 19] = 2.0  # conv1[0][19]
+    weights[5, 1 * 400 + 19 * 20 + 0] = 7.0  # conv1[19][0] is negative before ReLU
+    weights[6, 2 * 400 : 3 * 400] = 3.0  # filter 2 is all zeros
+    return Cnn(filters, weights), image[None].copy()
+
+
+def test_hand_computed_case() -> None:
+    cnn, images = _hand_case()
+    # sum over r > c of 125 (r - c) = 125 * sum_{d=1..19} d (20 - d) = 125 * 1330
+    expected = [166250.0, -166250.0, 166250.0, 2375.0, 4750.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    with CpuBackend(cnn) as backend:
+        assert backend.compute(ImageBatch(images)).values.tolist() == [expected]
+    assert reference_forward(images[0].tolist(), cnn.filters.tolist(), cnn.weights.tolist()) == expected
+
+
+def test_relu_zeroes_negative_convolutions_only(rng: np.random.Generator) -> None:
+    """One tap and one weight: the output is the patch's corner value if positive, else 0."""
+    filters = np.zeros((10, 5, 5))
+    filters[0, 0, 0] = 1.0
+    weights = np.zeros((10, 4000))
+    weights[np.arange(10), np.arange(10)] = 1.0  # output n = conv0[0][n]
+    images = random_values(rng, 2, 100, 100)
+    with CpuBackend(Cnn(filters, weights)) as backend:
+        got = backend.compute(ImageBatch(images)).values
+    corners = images[:, 0, 0:50:5]
+    assert (got == np.where(corners < 0, 0.0, corners)).all()
+    assert (corners < 0).any() and (corners > 0).any()
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_batching_and_threads_never_change_a_result(rng: np.random.Generator, threads: int) -> None:
+    cnn = random_cnn(rng)
+    images = random_values(rng, 37, 100, 100)
+    with CpuBackend(cnn, threads=threads) as backend:
+        whole = backend.compute(ImageBatch(images)).values
+        cuts = sorted(rng.choice(np.arange(1, 37), 5, replace=False))
+        pieces = [backend.compute(ImageBatch(part.copy())).values for part in np.split(images, cuts)]
+        one_by_one = [backend.compute(ImageBatch(images[i : i + 1].copy())).values for i in range(3)]
+    assert (np.concatenate(pieces) == whole).all()
+    assert (np.concatenate(one_by_one) == whole[:3]).all()
+
+
+def test_containers_check_their_data() -> None:
+    with pytest.raises(TypeError):
+        ImageBatch(np.zeros((2, 100, 100), dtype=np.float32))
+    with pytest.raises(ValueError):
+        ImageBatch(np.zeros((2, 100, 99)))
+    with pytest.raises(ValueError):
+        ImageBatch(np.zeros((0, 100, 100)))
+    with pytest.raises(ValueError):
+        ImageBatch(np.zeros((2, 100, 200))[:, :, ::2])
+    with pytest.raises(ValueError):
+        Cnn(np.zeros((10, 5, 5)), np.zeros((10, 3999)))
+    with pytest.raises(ValueError):
+        OutputBatch(np.zeros((3, 9)))
+    assert len(ImageBatch(np.ones((3, 100, 100)))) == 3
