@@ -118,6 +118,21 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from cnnlab.bench import BenchOptions, format_table, run_bench, write_report
+
+    rows = tuple(args.rows.split(","))
+    unknown = set(rows) - set(BenchOptions.rows)
+    if unknown:
+        raise UsageError(f"unknown bench rows {', '.join(sorted(unknown))}; choose from {','.join(BenchOptions.rows)}")
+    sweep = (1, 16, 256, 4096, args.images) if args.plot else ()
+    options = BenchOptions(args.images, args.cpu_images, args.lab_images, args.repeats, rows, sweep)
+    report = run_bench(options, args.seed)
+    print(format_table(report))
+    write_report(report, args.json, args.plot)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from cnnlab.compare import DEFAULT_ABS_TOL, DEFAULT_REL_TOL
     from cnnlab.generate import DEFAULT_IMAGES
@@ -161,6 +176,31 @@ def build_parser() -> argparse.ArgumentParser:
     for option, default, what in (("--rel-tol", DEFAULT_REL_TOL, "relative"), ("--abs-tol", DEFAULT_ABS_TOL, "absolute")):
         cmp.add_argument(option, type=_nonnegative_float, default=default, help=f"{what} tolerance (default {default:g})")
     cmp.set_defaults(handler=_compare)
+
+    from cnnlab.bench import BenchOptions
+
+    defaults = BenchOptions()
+    bench = commands.add_parser(
+        "bench",
+        help="measure every path in images/s against the hardware's bounds",
+        description="Measure each path in images/s (median of --repeats after a warm-up, fresh random data): "
+        "cpu, the lab's one image per launch, batched from page-locked memory, resident on the device, the "
+        "host-to-device and device-to-device copy bounds, and PyTorch float64 as a peer when it is installed. "
+        "Without a GPU only the cpu row runs.",
+    )
+    for option, default, what in (
+        ("--images", defaults.images, "images for the GPU rows"),
+        ("--cpu-images", defaults.cpu_images, "images for the cpu row"),
+        ("--lab-images", defaults.lab_images, "images for the one-per-launch row"),
+        ("--repeats", defaults.repeats, "timed repeats per figure"),
+    ):
+        bench.add_argument(option, type=_positive_int, default=default, help=f"{what} (default {default})")
+    all_rows = ",".join(defaults.rows)
+    bench.add_argument("--rows", default=all_rows, help=f"comma-separated rows to run (default all: {all_rows})")
+    bench.add_argument("--seed", type=int, help="random seed for the data")
+    bench.add_argument("--json", metavar="PATH", help="write every number, the device and versions as JSON")
+    bench.add_argument("--plot", metavar="PNG", help="draw images/s against batch size (needs matplotlib)")
+    bench.set_defaults(handler=_bench)
     return parser
 
 

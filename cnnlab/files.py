@@ -10,7 +10,7 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import BinaryIO, TextIO
+from typing import IO, Any, BinaryIO
 
 import numpy as np
 
@@ -241,11 +241,12 @@ class AtomicOutput:
     existing file at `path` untouched.
     """
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, binary: bool = False) -> None:
         self.path = Path(path)
-        self._file: TextIO | None = None
+        self._binary = binary
+        self._file: IO[Any] | None = None
 
-    def __enter__(self) -> TextIO:
+    def __enter__(self) -> IO[Any]:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             descriptor, temporary = tempfile.mkstemp(
@@ -255,7 +256,7 @@ class AtomicOutput:
             raise OutputFileError(f"{self.path}: cannot write here: {error.strerror or error}") from None
         os.chmod(descriptor, 0o666 & ~_UMASK)
         self._temporary = Path(temporary)
-        self._file = os.fdopen(descriptor, "w", newline="\n")
+        self._file = os.fdopen(descriptor, "wb") if self._binary else os.fdopen(descriptor, "w", newline="\n")
         return self._file
 
     def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:

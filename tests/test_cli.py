@@ -24,7 +24,7 @@ TIMING_LINE = re.compile(r"^\d+ microseconds of actual work done\n$")
 
 
 def cnnlab(*args: str | os.PathLike, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     return subprocess.run(
         [sys.executable, "-m", "cnnlab", *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
     )
@@ -164,3 +164,15 @@ def test_extra_matrices_are_warned_about_and_ignored(tmp_path: Path, rng: np.ran
     assert result.returncode == 0
     assert result.stderr == f"cnnlab: warning: {input_path}:204: data after the 2 matrices the first line announces is ignored\n"
     assert len(read_outputs(tmp_path / "out.csv")) == 2
+
+
+def test_cuda_without_pycuda_is_a_one_line_error(tmp_path: Path) -> None:
+    try:
+        import pycuda  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("pycuda is installed here: tests/test_cuda.py covers the cuda mode")
+    result = cnnlab("cuda", cwd=tmp_path)
+    assert "cuda mode needs pycuda: pip install 'cnnlab[cuda]'" in assert_one_line_error(result)
+    assert not (tmp_path / "out").exists()

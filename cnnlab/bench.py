@@ -1,0 +1,263 @@
+"""`cnnlab bench`: how fast each path is on this machine, next to the bounds measured in the same run.
+
+Every figure is images per second, the median of several repeats after a warm-up, on fresh random
+float64 data. Paths that end on the host (the backends' compute(), which returns finished outputs)
+are timed with perf_counter; the copy bounds, pure device work, with CUDA events.
+
+The bounds: a batch from page-locked host memory cannot beat the host-to-device copy of its
+80,000 bytes per image; a batch resident on the device cannot beat reading its images once, at
+the device-to-device copy rate (bytes read plus bytes written).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from cnnlab.cpu import CpuBackend
+from cnnlab.errors import CnnlabError
+from cnnlab.files import AtomicOutput
+from cnnlab.generate import random_values
+from cnnlab.network import CONV_LAYER_SIZE, IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, Cnn, ImageBatch
+
+ROWS = ("cpu", "lab", "pinned", "resident", "bounds", "torch")
+
+
+@dataclass
+class Figure:
+    """One row of the table."""
+
+    row: str
+    name: str
+    images_per_second: float
+    bound: str | None = None  # the key of the figure that bounds this one
+    key: str | None = None  # for the bounds: "h2d" or "d2d"
+    bytes_per_second: float | None = None  # for the bounds
+
+
+@dataclass
+class BenchOptions:
+    images: int = 65536
+    cpu_images: int = 2048
+    lab_images: int = 2000
+    repeats: int = 5
+    rows: tuple[str, ...] = ROWS
+    sweep: tuple[int, ...] = ()  # batch sizes for the plot
+
+
+def median_rate(images: int, run: Callable[[], object], repeats: int) -> float:
+    """Images per second of `run` (which handles `images` images), median of `repeats` after one warm-up."""
+    run()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return images / statistics.median(times)
+
+
+def _repeat(run: Callable[[], object], times: int) -> None:
+    for _ in range(times):
+        run()
+
+
+def _random_cnn(rng: np.random.Generator) -> Cnn:
+    return Cnn(random_values(rng, CONV_LAYER_SIZE, 5, 5), random_values(rng, OUT_LAYER_SIZE, 4000))
+
+
+def bench_cpu(cnn: Cnn, options: BenchOptions, rng: np.random.Generator) -> Figure:
+    batch = ImageBatch(random_values(rng, options.cpu_images, INPUT_DIM, INPUT_DIM))
+    with CpuBackend(cnn) as backend:
+        rate = median_rate(len(batch), lambda: backend.compute(batch), options.repeats)
+    return Figure("cpu", f"cpu: numpy forward ({backend.device})", rate)
+
+
+def bench_cuda(cnn: Cnn, options: BenchOptions, rng: np.random.Generator, sweep: dict[str, list[list[float]]]) -> list[Figure]:
+    """The GPU rows; raises CnnlabError when there is no usable GPU."""
+    from cnnlab.cuda import CudaContext, DeviceImages
+
+    figures = []
+    if "lab" in options.rows:
+        images = random_values(rng, options.lab_images, INPUT_DIM, INPUT_DIM)
+        singles = [ImageBatch(image[None]) for image in images]
+        with CudaContext(cnn, batch_size=1) as context:
+            rate = median_rate(len(singles), lambda: [context.compute(single) for single in singles], options.repeats)
+        figures.append(Figure("lab", "cuda, one image per launch (the lab's scheme)", rate))
+    if not {"pinned", "resident", "bounds"} & set(options.rows) and not options.sweep:
+        return figures
+    with CudaContext(cnn, batch_size=options.images) as context:
+        host = context.allocate_images(options.images)
+        host[:] = random_values(rng, options.images, INPUT_DIM, INPUT_DIM)
+        batch = ImageBatch(host)
+        resident = context.upload(batch)
+        if "pinned" in options.rows:
+            rate = median_rate(options.images, lambda: context.compute(batch), options.repeats)
+            figures.append(Figure("pinned", "cuda, batched from page-locked memory, copies included", rate, "h2d"))
+        if "resident" in options.rows:
+            rate = median_rate(options.images, lambda: context.compute_resident(resident), options.repeats)
+            figures.append(Figure("resident", "cuda, images resident on the device", rate, "d2d"))
+        if "bounds" in options.rows:
+            figures += _copy_bounds(context, host, resident, options.repeats)
+        for size in options.sweep:
+            part, resident_part = ImageBatch(host[:size]), DeviceImages(resident.allocation, size)
+            calls = max(1, min(options.images, 8192) // size)
+            for row, run in (("pinned", partial(context.compute, part)), ("resident", partial(context.compute_resident, resident_part))):
+                sweep[row].append([size, median_rate(size * calls, partial(_repeat, run, calls), 3)])
+    return figures
+
+
+def _copy_bounds(context: Any, host: np.ndarray, resident: Any, repeats: int) -> list[Figure]:
+    """Host-to-device and device-to-device copy rates, timed with CUDA events."""
+    import pycuda.driver as driver
+
+    nbytes = host.nbytes
+    target = driver.mem_alloc(nbytes)
+    try:
+        stream = driver.Stream()
+        start, end = driver.Event(), driver.Event()
+
+        def seconds(copy: Callable[[], None]) -> float:
+            copy()
+            times = []
+            for _ in range(repeats):
+                start.record(stream)
+                copy()
+                end.record(stream)
+                end.synchronize()
+                times.append(end.time_since(start) / 1e3)
+            return statistics.median(times)
+
+        h2d = nbytes / seconds(lambda: driver.memcpy_htod_async(target, host, stream))
+        d2d = 2 * nbytes / seconds(lambda: driver.memcpy_dtod_async(target, resident.allocation, nbytes, stream))
+    finally:
+        target.free()
+    return [
+        Figure("bounds", "bound: host-to-device copy from page-locked memory", h2d / IMAGE_BYTES, key="h2d", bytes_per_second=h2d),
+        Figure("bounds", "bound: device-to-device copy (read + written)", d2d / IMAGE_BYTES, key="d2d", bytes_per_second=d2d),
+    ]
+
+
+def bench_torch(cnn: Cnn, options: BenchOptions, rng: np.random.Generator) -> list[Figure]:
+    """The same network in PyTorch float64, as a peer: resident and from page-locked memory."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise CnnlabError("torch sees no CUDA device")
+    device = torch.device("cuda")
+    filters = torch.from_numpy(cnn.filters).reshape(CONV_LAYER_SIZE, 1, 5, 5).to(device)
+    weights = torch.from_numpy(cnn.weights).to(device)
+    host = torch.from_numpy(random_values(rng, options.images, INPUT_DIM, INPUT_DIM)).reshape(-1, 1, INPUT_DIM, INPUT_DIM)
+    host = host.pin_memory()
+    resident = host.to(device)
+
+    def forward(images: torch.Tensor) -> np.ndarray:
+        conv = torch.relu(torch.nn.functional.conv2d(images, filters, stride=5))
+        return (conv.reshape(len(images), -1) @ weights.T).cpu().numpy()
+
+    with torch.no_grad():
+        pinned = median_rate(options.images, lambda: forward(host.to(device, non_blocking=True)), options.repeats)
+        on_device = median_rate(options.images, lambda: forward(resident), options.repeats)
+    return [
+        Figure("torch", f"pytorch {torch.__version__} float64, from page-locked memory", pinned, "h2d"),
+        Figure("torch", f"pytorch {torch.__version__} float64, resident", on_device, "d2d"),
+    ]
+
+
+def run_bench(options: BenchOptions, seed: int | None = None) -> dict[str, Any]:
+    """Measure the chosen rows; returns every figure with notes on rows that did not run."""
+    rng = np.random.default_rng(seed)
+    cnn = _random_cnn(rng)
+    figures: list[Figure] = []
+    notes: list[str] = []
+    sweep: dict[str, list[list[float]]] = {"pinned": [], "resident": []}
+    device = None
+    if "cpu" in options.rows:
+        figures.append(bench_cpu(cnn, options, rng))
+    if {"lab", "pinned", "resident", "bounds"} & set(options.rows) or options.sweep:
+        try:
+            figures += bench_cuda(cnn, options, rng, sweep)
+            import pycuda.driver as driver
+
+            device = driver.Device(0).name()
+        except CnnlabError as error:
+            notes.append(f"cuda rows not run: {error}")
+    if "torch" in options.rows:
+        try:
+            figures += bench_torch(cnn, options, rng)
+        except (ImportError, CnnlabError) as error:
+            notes.append(f"torch rows not run: {error}")
+    return {
+        "device": device,
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "options": asdict(options),
+        "figures": [asdict(figure) for figure in figures],
+        "sweep": sweep,
+        "notes": notes,
+    }
+
+
+def ratios(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each figure with its ratio to its bound and to the lab scheme, from the figures themselves."""
+    bounds = {figure["key"]: figure for figure in report["figures"] if figure["key"]}
+    lab = next((f["images_per_second"] for f in report["figures"] if f["row"] == "lab"), None)
+    rows = []
+    for figure in report["figures"]:
+        bound = bounds.get(figure["bound"])
+        rows.append(
+            {
+                **figure,
+                "of_bound": figure["images_per_second"] / bound["images_per_second"] if bound else None,
+                "of_lab": figure["images_per_second"] / lab if lab else None,
+            }
+        )
+    return rows
+
+
+def format_table(report: dict[str, Any]) -> str:
+    lines = [f"{'figure':<66} {'images/s':>14} {'of bound':>9} {'x lab':>8}"]
+    for row in ratios(report):
+        of_bound = f"{row['of_bound']:.1%}" if row["of_bound"] is not None else "-"
+        of_lab = f"{row['of_lab']:.1f}" if row["of_lab"] is not None else "-"
+        extra = f" ({row['bytes_per_second'] / 1e9:.1f} GB/s)" if row["bytes_per_second"] else ""
+        lines.append(f"{(row['name'] + extra)[:66]:<66} {row['images_per_second']:>14,.0f} {of_bound:>9} {of_lab:>8}")
+    lines += [f"note: {note}" for note in report["notes"]]
+    return "\n".join(lines)
+
+
+def write_report(report: dict[str, Any], json_path: str | None, plot_path: str | None) -> None:
+    if json_path:
+        with AtomicOutput(json_path) as out:
+            json.dump({**report, "figures": ratios(report)}, out, indent=2)
+            out.write("\n")
+    if plot_path:
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            print("cnnlab: note: --plot needs matplotlib; no plot drawn", file=sys.stderr)
+            return
+        figure, axes = plt.subplots(figsize=(7, 4.5))
+        for row, points in report["sweep"].items():
+            if points:
+                axes.plot(*zip(*points), "o-", label=f"cuda, {row}")
+        for row in ratios(report):
+            if row["row"] in ("lab", "bounds"):
+                axes.axhline(row["images_per_second"], linestyle="--", linewidth=1, label=row["name"][:50])
+        axes.set(xscale="log", yscale="log", xlabel="images per compute() call", ylabel="images/s", title=report["device"] or "")
+        axes.legend(fontsize=7)
+        figure.tight_layout()
+        with AtomicOutput(plot_path, binary=True) as out:
+            figure.savefig(out, format="png", dpi=120)

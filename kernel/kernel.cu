@@ -1,0 +1,140 @@
+// The Lab 3 CNN's two layers as CUDA kernels over a batch of images, all float64.
+//
+// Build:  python build.py            (nvcc -ptx, virtual architecture compute_75: the driver
+//                                     compiles the PTX for whatever GPU it loads on)
+// Run:    python -m cnnlab cuda      (cnnlab/cuda.py loads kernel/kernel.ptx and launches these)
+// Check:  pytest -m gpu tests/test_cuda.py   (outputs against the numpy CPU backend, the reference)
+//
+// Data layout (row-major, as the lab's files):
+//   images   [batch][100][100]      the input
+//   conv_out [batch][10][20][20]    after convolution and ReLU, i.e. [batch][4000] flattened
+//   weights  [10][4000]             the output layer
+//   partials [segments][stride][10] one partial dot product per segment of the 4000 inputs;
+//                                   the host adds the segments up (cnnlab/cuda.py)
+//
+// Napkin math per image: 80,000 bytes of input read, 32,000 written and read back between the
+// kernels, 80 * segments bytes of partials out: ~144 KB of device memory traffic, so at ~3 TB/s
+// about 48 ns, ~20 million images/s. 100,000 + 40,000 multiply-adds: 0.28 MFLOP, 5.6 TFLOP/s at
+// that rate, well under the FP64 peak. Both kernels are bound by memory, not arithmetic.
+
+#define INPUT_DIM 100
+#define FILTER_DIM 5
+#define FILTER_TAPS (FILTER_DIM * FILTER_DIM)
+#define CONV_LAYER_SIZE 10
+#define CONV_OUT_DIM 20
+#define OUT_NEURON_DIM 4000
+#define OUT_LAYER_SIZE 10
+#define BAND_DOUBLES (FILTER_DIM * INPUT_DIM)  // 5 image rows: all the input of one output row
+
+// The filters are read by every thread at the same time and address: constant memory broadcasts them.
+__constant__ double filters[CONV_LAYER_SIZE * FILTER_TAPS];
+
+// conv2d_relu: convolution (10 filters, 5x5, stride 5) and ReLU for a batch of images.
+//
+// A "band" is one output row r of one image: input rows 5r..5r+4, 500 doubles that lie
+// contiguously in memory, so consecutive bands are one contiguous run. Each block copies
+// CONV_BANDS_PER_BLOCK bands into shared memory with coalesced 16-byte loads, then thread
+// (band, c) of the block computes the 10 filter outputs of patch (r, c) from shared memory and
+// writes them, 20 consecutive threads to 20 consecutive doubles of each output row. A grid-stride
+// loop walks the batch, so any grid size covers any batch.
+//
+// Each sum runs over the 25 taps in cpu.rs's order with separately rounded multiplies and adds
+// (__dmul_rn/__dadd_rn are never fused into FMAs), so conv_out equals the CPU's bit for bit.
+#define CONV_BANDS_PER_BLOCK 8
+#define CONV_THREADS (CONV_BANDS_PER_BLOCK * CONV_OUT_DIM)  // launch with this block size
+
+extern "C" __global__ void __launch_bounds__(CONV_THREADS)
+conv2d_relu(const double *__restrict__ images, double *__restrict__ conv_out, int batch)
+{
+    __shared__ double2 tile[CONV_BANDS_PER_BLOCK * BAND_DOUBLES / 2];
+    const long long total_bands = (long long)batch * CONV_OUT_DIM;
+    const int band_in_tile = threadIdx.x / CONV_OUT_DIM;
+    const int c = threadIdx.x % CONV_OUT_DIM;
+
+    for (long long first = (long long)blockIdx.x * CONV_BANDS_PER_BLOCK; first < total_bands;
+         first += (long long)gridDim.x * CONV_BANDS_PER_BLOCK) {
+        const int bands = (int)min((long long)CONV_BANDS_PER_BLOCK, total_bands - first);
+        const double2 *source = reinterpret_cast<const double2 *>(images + first * BAND_DOUBLES);
+        for (int k = threadIdx.x; k < bands * BAND_DOUBLES / 2; k += blockDim.x)
+            tile[k] = source[k];
+        __syncthreads();
+
+        if (band_in_tile < bands) {
+            const double *patch = reinterpret_cast<const double *>(tile) + band_in_tile * BAND_DOUBLES + c * FILTER_DIM;
+            double taps[FILTER_TAPS];
+#pragma unroll
+            for (int t = 0; t < FILTER_TAPS; ++t)
+                taps[t] = patch[(t / FILTER_DIM) * INPUT_DIM + t % FILTER_DIM];
+
+            const long long band = first + band_in_tile;
+            const long long image = band / CONV_OUT_DIM;
+            const int r = (int)(band % CONV_OUT_DIM);
+            double *out = conv_out + image * OUT_NEURON_DIM + r * CONV_OUT_DIM + c;
+#pragma unroll
+            for (int f = 0; f < CONV_LAYER_SIZE; ++f) {
+                double sum = __dmul_rn(taps[0], filters[f * FILTER_TAPS]);
+#pragma unroll
+                for (int t = 1; t < FILTER_TAPS; ++t)
+                    sum = __dadd_rn(sum, __dmul_rn(taps[t], filters[f * FILTER_TAPS + t]));
+                out[f * CONV_OUT_DIM * CONV_OUT_DIM] = sum < 0.0 ? 0.0 : sum;
+            }
+        }
+        __syncthreads();  // the tile is refilled next round
+    }
+}
+
+// flattened_to_dense: partial dot products of each image's 4000 values with the 10 neurons' weights.
+//
+// The 4000 inputs are cut into gridDim.y segments; block (x, p) handles segment p for images
+// x, x + gridDim.x, ... Its threads stride over the segment two doubles (16 bytes) at a time,
+// coalesced, each keeping 10 running sums, one per neuron; the weights of the segment are the same
+// for every image the block visits, so they stay in L1/L2. The block then reduces its 10 sums:
+// warp shuffles within each warp, shared memory across warps, and writes one partial per neuron to
+// partials[p][image][n] (row stride `stride` images). The host adds the gridDim.y partials.
+// Launch with a block size that is a multiple of 32, at most DENSE_MAX_THREADS.
+#define DENSE_MAX_THREADS 1024
+#define WARP 32
+
+extern "C" __global__ void
+flattened_to_dense(const double *__restrict__ conv_out, const double *__restrict__ weights,
+                   double *__restrict__ partials, int batch, int stride)
+{
+    __shared__ double warp_sums[DENSE_MAX_THREADS / WARP][OUT_LAYER_SIZE];
+    const int segment_length = (OUT_NEURON_DIM / 2 + gridDim.y - 1) / gridDim.y * 2;  // even: 16-byte loads
+    const int begin = blockIdx.y * segment_length;
+    const int end = min(begin + segment_length, OUT_NEURON_DIM);
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, warps = blockDim.x / WARP;
+
+    for (long long image = blockIdx.x; image < batch; image += gridDim.x) {
+        const double *input = conv_out + image * OUT_NEURON_DIM;
+        double sums[OUT_LAYER_SIZE];
+#pragma unroll
+        for (int n = 0; n < OUT_LAYER_SIZE; ++n)
+            sums[n] = 0.0;
+        for (int k = begin + 2 * threadIdx.x; k < end; k += 2 * blockDim.x) {
+            const double2 x = *reinterpret_cast<const double2 *>(input + k);
+#pragma unroll
+            for (int n = 0; n < OUT_LAYER_SIZE; ++n) {
+                const double2 w = __ldg(reinterpret_cast<const double2 *>(weights + n * OUT_NEURON_DIM + k));
+                sums[n] = fma(x.x, w.x, sums[n]);
+                sums[n] = fma(x.y, w.y, sums[n]);
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < OUT_LAYER_SIZE; ++n)
+            for (int offset = WARP / 2; offset > 0; offset /= 2)
+                sums[n] += __shfl_down_sync(0xffffffffu, sums[n], offset);
+        if (lane == 0)
+#pragma unroll
+            for (int n = 0; n < OUT_LAYER_SIZE; ++n)
+                warp_sums[warp][n] = sums[n];
+        __syncthreads();
+        if (threadIdx.x < OUT_LAYER_SIZE) {
+            double total = warp_sums[0][threadIdx.x];
+            for (int w = 1; w < warps; ++w)
+                total += warp_sums[w][threadIdx.x];
+            partials[((long long)blockIdx.y * stride + image) * OUT_LAYER_SIZE + threadIdx.x] = total;
+        }
+        __syncthreads();  // warp_sums is reused for the next image
+    }
+}

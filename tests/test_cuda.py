@@ -1,0 +1,149 @@
+"""The CUDA backend against the CPU backend, under the lab's comparison rule (needs pycuda and a GPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import random_cnn, write_files
+from test_cli import TIMING_LINE, cnnlab
+
+from cnnlab.compare import compare_files
+from cnnlab.cpu import CpuBackend
+from cnnlab.generate import random_values
+from cnnlab.network import Cnn, ImageBatch
+from cnnlab.resources import resource_dir
+
+
+def _why_no_gpu() -> str | None:
+    try:
+        import pycuda.driver as driver
+    except ImportError as error:
+        return f"pycuda cannot be imported ({error}): install the cuda extra on a machine with a CUDA driver"
+    try:
+        driver.init()
+        return None if driver.Device.count() > 0 else "the CUDA driver sees no GPU"
+    except driver.Error as error:
+        return f"no usable CUDA device: {error}"
+
+
+WHY_NO_GPU = _why_no_gpu()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(WHY_NO_GPU is not None, reason=str(WHY_NO_GPU))]
+
+
+def cpu_outputs(cnn: Cnn, images: np.ndarray) -> np.ndarray:
+    with CpuBackend(cnn) as backend:
+        return backend.compute(ImageBatch(images)).values
+
+
+def assert_lab_close(got: np.ndarray, want: np.ndarray) -> None:
+    """math.isclose with rel_tol 1e-9, value by value, and never a NaN (an output nobody wrote)."""
+    assert got.shape == want.shape
+    assert np.isfinite(got).all()
+    bad = np.abs(got - want) > 1e-9 * np.maximum(np.abs(got), np.abs(want))
+    assert not bad.any(), f"{bad.sum()} values differ, first at {np.argwhere(bad)[0]}: {got[bad][0]!r} vs {want[bad][0]!r}"
+
+
+def context(cnn: Cnn, batch_size: int | None = None, **config: int):
+    from cnnlab.cuda import CudaContext, LaunchConfig
+
+    return CudaContext(cnn, batch_size, LaunchConfig(**config))
+
+
+@pytest.mark.parametrize("count, batch", [(1, 1), (7, 7), (23, 7), (4096, 4096), (5000, 4096)])
+def test_batches_match_cpu(rng: np.random.Generator, count: int, batch: int) -> None:
+    cnn = random_cnn(rng)
+    images = random_values(rng, count, 100, 100)
+    want = cpu_outputs(cnn, images)
+    with context(cnn, batch) as gpu:
+        got = np.concatenate([gpu.compute(ImageBatch(images[s : s + batch])).values for s in range(0, count, batch)])
+    assert_lab_close(got, want)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"segments": 1},
+        {"segments": 3, "dense_threads": 32},
+        {"segments": 8, "dense_blocks": 1},
+        {"segments": 40, "dense_blocks": 2, "dense_threads": 1024},
+        {"segments": 2000, "dense_threads": 64},
+        {"conv_blocks": 1, "dense_blocks": 1, "streams": 1},
+        {"conv_blocks": 3, "chunk_images": 5, "streams": 2},
+        {"chunk_images": 1, "streams": 4},
+        {"chunk_images": 1000, "streams": 1, "segments": 7},
+    ],
+)
+def test_launch_configurations_never_change_results(rng: np.random.Generator, config: dict[str, int]) -> None:
+    cnn = random_cnn(rng)
+    images = random_values(rng, 333, 100, 100)
+    with context(cnn, 333, **config) as gpu:
+        assert_lab_close(gpu.compute(ImageBatch(images)).values, cpu_outputs(cnn, images))
+
+
+def test_every_output_is_rewritten_each_call(rng: np.random.Generator) -> None:
+    """A second batch through the same buffers must not keep anything of the first."""
+    cnn = random_cnn(rng)
+    first, second = random_values(rng, 2, 300, 100, 100)
+    with context(cnn, 300, chunk_images=64) as gpu:
+        gpu.compute(ImageBatch(first))
+        assert_lab_close(gpu.compute(ImageBatch(second[:250])).values, cpu_outputs(cnn, second[:250]))
+
+
+def test_page_locked_pageable_and_resident_agree_exactly(rng: np.random.Generator) -> None:
+    cnn = random_cnn(rng)
+    images = random_values(rng, 1000, 100, 100)
+    with context(cnn, 1000, chunk_images=300) as gpu:
+        pinned = gpu.allocate_images(1000)
+        pinned[:] = images
+        from_pinned = gpu.compute(ImageBatch(pinned)).values
+        from_pageable = gpu.compute(ImageBatch(images)).values
+        resident = gpu.compute_resident(gpu.upload(ImageBatch(images))).values
+    assert (from_pinned == from_pageable).all() and (resident == from_pinned).all()
+    assert_lab_close(from_pinned, cpu_outputs(cnn, images))
+
+
+def test_too_large_a_chunk_falls_back_to_one_that_fits(rng: np.random.Generator) -> None:
+    cnn = random_cnn(rng)
+    images = random_values(rng, 50, 100, 100)
+    with context(cnn, 50, chunk_images=50_000_000, streams=1) as gpu:  # ~5.6 TB of device buffers
+        assert gpu._chunk < 50_000_000
+        assert_lab_close(gpu.compute(ImageBatch(images)).values, cpu_outputs(cnn, images))
+
+
+@pytest.mark.parametrize("batch", [None, "1", "3"])
+def test_cli_cuda_on_default_data_passes_compare(tmp_path: Path, batch: str | None) -> None:
+    result = cnnlab("cuda", *(["--batch", batch] if batch else []), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert TIMING_LINE.match(result.stdout) and result.stderr == ""
+    comparison = compare_files(resource_dir("data") / "out.csv", tmp_path / "out" / "out_cuda.csv")
+    assert comparison.matches, comparison.problem
+
+
+def test_cli_cuda_on_generated_files(tmp_path: Path, rng: np.random.Generator) -> None:
+    cnn = random_cnn(rng)
+    images = random_values(rng, 101, 100, 100)
+    cnn_path, input_path = write_files(tmp_path, cnn, images)
+    for mode in ("cpu", "cuda"):
+        result = cnnlab(mode, cnn_path, input_path, tmp_path / f"{mode}.csv", "--batch", "16")
+        assert result.returncode == 0, result.stderr
+    comparison = compare_files(tmp_path / "cpu.csv", tmp_path / "cuda.csv")
+    assert comparison.matches and comparison.values == 1010, comparison.problem
+
+
+def test_bench_gpu_rows_are_sane(tmp_path: Path) -> None:
+    import json
+
+    sizes = ["--images", "4096", "--cpu-images", "64", "--lab-images", "20", "--repeats", "2"]
+    result = cnnlab("bench", *sizes, "--json", tmp_path / "b.json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "b.json").read_text())
+    rows = {figure["row"] for figure in report["figures"]}
+    assert {"cpu", "lab", "pinned", "resident", "bounds"} <= rows
+    by_key = {figure["key"]: figure for figure in report["figures"] if figure["key"]}
+    for figure in report["figures"]:
+        assert figure["images_per_second"] > 0
+        if figure["bound"]:
+            assert figure["of_bound"] == pytest.approx(figure["images_per_second"] / by_key[figure["bound"]]["images_per_second"])
+    print(result.stdout)
