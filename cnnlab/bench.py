@@ -253,9 +253,9 @@ def write_report(report: dict[str, Any], json_path: str | None, plot_path: str |
         for row, points in report["sweep"].items():
             if points:
                 axes.plot(*zip(*points), "o-", label=f"cuda, {row}")
-        for row in ratios(report):
-            if row["row"] in ("lab", "bounds"):
-                axes.axhline(row["images_per_second"], linestyle="--", linewidth=1, label=row["name"][:50])
+        lines = [row for row in ratios(report) if row["row"] in ("lab", "bounds")]
+        for color, row in enumerate(lines, start=2):
+            axes.axhline(row["images_per_second"], color=f"C{color}", linestyle="--", linewidth=1, label=row["name"][:50])
         axes.set(xscale="log", yscale="log", xlabel="images per compute() call", ylabel="images/s", title=report["device"] or "")
         axes.legend(fontsize=7)
         figure.tight_layout()
