@@ -81,8 +81,10 @@ def bench_cpu(cnn: Cnn, options: BenchOptions, rng: np.random.Generator) -> Figu
     return Figure("cpu", f"cpu: numpy forward ({backend.device})", rate)
 
 
-def bench_cuda(cnn: Cnn, options: BenchOptions, rng: np.random.Generator, sweep: dict[str, list[list[float]]]) -> list[Figure]:
-    """The GPU rows; raises CnnlabError when there is no usable GPU."""
+def bench_cuda(
+    cnn: Cnn, options: BenchOptions, rng: np.random.Generator, sweep: dict[str, list[list[float]]]
+) -> tuple[list[Figure], str]:
+    """The GPU rows and the device's name; raises CnnlabError when there is no usable GPU."""
     from cnnlab.cuda import CudaContext, DeviceImages
 
     figures = []
@@ -93,7 +95,7 @@ def bench_cuda(cnn: Cnn, options: BenchOptions, rng: np.random.Generator, sweep:
             rate = median_rate(len(singles), lambda: [context.compute(single) for single in singles], options.repeats)
         figures.append(Figure("lab", "cuda, one image per launch (the lab's scheme)", rate))
     if not {"pinned", "resident", "bounds"} & set(options.rows) and not options.sweep:
-        return figures
+        return figures, context.device
     with CudaContext(cnn, batch_size=options.images) as context:
         host = context.allocate_images(options.images)
         host[:] = random_values(rng, options.images, INPUT_DIM, INPUT_DIM)
@@ -112,7 +114,7 @@ def bench_cuda(cnn: Cnn, options: BenchOptions, rng: np.random.Generator, sweep:
             calls = max(1, min(options.images, 8192) // size)
             for row, run in (("pinned", partial(context.compute, part)), ("resident", partial(context.compute_resident, resident_part))):
                 sweep[row].append([size, median_rate(size * calls, partial(_repeat, run, calls), 3)])
-    return figures
+    return figures, context.device
 
 
 def _copy_bounds(context: Any, host: np.ndarray, resident: Any, repeats: int) -> list[Figure]:
@@ -184,10 +186,8 @@ def run_bench(options: BenchOptions, seed: int | None = None) -> dict[str, Any]:
         figures.append(bench_cpu(cnn, options, rng))
     if {"lab", "pinned", "resident", "bounds"} & set(options.rows) or options.sweep:
         try:
-            figures += bench_cuda(cnn, options, rng, sweep)
-            import pycuda.driver as driver
-
-            device = driver.Device(0).name()
+            cuda_figures, device = bench_cuda(cnn, options, rng, sweep)
+            figures += cuda_figures
         except CnnlabError as error:
             notes.append(f"cuda rows not run: {error}")
     if "torch" in options.rows:

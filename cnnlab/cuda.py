@@ -19,6 +19,7 @@ import numpy as np
 
 from cnnlab.errors import DeviceError
 from cnnlab.network import (
+    CONV_OUT_DIM,
     IMAGE_BYTES,
     INPUT_DIM,
     OUT_LAYER_SIZE,
@@ -212,7 +213,7 @@ class CudaContext:
                 else:
                     images = device_images + first * IMAGE_BYTES
                 conv_blocks = self.config.conv_blocks or min(
-                    math.ceil(images_now * 20 / CONV_BANDS_PER_BLOCK), self._sm_count * BLOCKS_PER_SM
+                    math.ceil(images_now * CONV_OUT_DIM / CONV_BANDS_PER_BLOCK), self._sm_count * BLOCKS_PER_SM
                 )
                 self._conv.prepared_async_call(
                     (conv_blocks, 1), (CONV_THREADS, 1, 1), lane.stream, images, lane.conv_out, np.int32(images_now)
