@@ -233,9 +233,14 @@ class CsvImageReader:
         self.close()
 
 
+def format_rows(rows: np.ndarray) -> str:
+    """CSV lines of a 2-D array, each value in shortest round-trip form (as repr writes it)."""
+    return "".join(",".join(map(repr, row)) + "\n" for row in rows.tolist())
+
+
 def format_outputs(outputs: OutputBatch) -> str:
-    """The lines of an output file: 10 comma-separated values each, in shortest round-trip form."""
-    return "".join(",".join(map(repr, row)) + "\n" for row in outputs.values.tolist())
+    """The lines of an output file: 10 comma-separated values each."""
+    return format_rows(outputs.values)
 
 
 class AtomicOutput:

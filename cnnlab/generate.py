@@ -12,16 +12,12 @@ from pathlib import Path
 
 import numpy as np
 
-from cnnlab.files import AtomicOutput
+from cnnlab.files import AtomicOutput, format_rows
 from cnnlab.network import CONV_LAYER_SIZE, FILTER_DIM, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM
 
 VALUE_BOUND = 10.0
 DEFAULT_IMAGES = 250
 _IMAGES_PER_WRITE = 64  # bounds the memory used while writing a large input file
-
-
-def _rows_text(rows: np.ndarray) -> str:
-    return "".join(",".join(map(repr, row)) + "\n" for row in rows.tolist())
 
 
 def random_values(rng: np.random.Generator, *shape: int) -> np.ndarray:
@@ -32,9 +28,9 @@ def random_values(rng: np.random.Generator, *shape: int) -> np.ndarray:
 def write_cnn_file(path: str | os.PathLike, filters: np.ndarray, weights: np.ndarray) -> None:
     """Write a CNN file: 10 lines of 25 filter values, a blank line, 10 lines of 4000 weights."""
     with AtomicOutput(path) as out:
-        out.write(_rows_text(filters.reshape(CONV_LAYER_SIZE, FILTER_DIM * FILTER_DIM)))
+        out.write(format_rows(filters.reshape(CONV_LAYER_SIZE, FILTER_DIM * FILTER_DIM)))
         out.write("\n")
-        out.write(_rows_text(weights.reshape(OUT_LAYER_SIZE, OUT_NEURON_DIM)))
+        out.write(format_rows(weights.reshape(OUT_LAYER_SIZE, OUT_NEURON_DIM)))
 
 
 def write_input_file(path: str | os.PathLike, count: int, images: Iterable[np.ndarray]) -> None:
@@ -42,7 +38,7 @@ def write_input_file(path: str | os.PathLike, count: int, images: Iterable[np.nd
     with AtomicOutput(path) as out:
         out.write(f"{count}\n")
         for image in images:
-            out.write(_rows_text(image))
+            out.write(format_rows(image))
             out.write("\n")
 
 
