@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from cnnlab.errors import CnnlabError, UsageError
-from cnnlab.files import AtomicOutput, read_cnn
+from cnnlab.files import AtomicOutput, read_cnn, refuse_same_file
 from cnnlab.network import Backend, Cnn
 from cnnlab.resources import resource_dir
 from cnnlab.run import run_network
@@ -60,6 +61,14 @@ def make_backend(mode: str, cnn: Cnn, batch_size: int | None) -> Backend:
     return CudaContext(cnn, batch_size)
 
 
+def _warn_trailing(input_path: str | os.PathLike, images: int, line: int | None) -> None:
+    if line is not None:
+        print(
+            f"cnnlab: warning: {input_path}:{line}: data after the {images} matrices the first line announces is ignored",
+            file=sys.stderr,
+        )
+
+
 def _run(args: argparse.Namespace) -> int:
     files = args.files or [
         resource_dir("data") / "cnn.csv",
@@ -69,16 +78,14 @@ def _run(args: argparse.Namespace) -> int:
     if len(files) != 3:
         raise UsageError(f"{args.mode} takes CNN_FILE INPUT_FILE OUTPUT_FILE, or no files for the default data")
     cnn_path, input_path, output_path = files
+    refuse_same_file(output_path, cnn_path, input_path)
+    if args.timing_json:
+        refuse_same_file(args.timing_json, cnn_path, input_path, output_path)
     cnn = read_cnn(cnn_path)
     with make_backend(args.mode, cnn, args.batch) as backend:
         stats = run_network(backend, input_path, output_path)
         device = backend.device
-    if stats.trailing_data_line is not None:
-        print(
-            f"cnnlab: warning: {input_path}:{stats.trailing_data_line}: data after the {stats.images} "
-            "matrices the first line announces is ignored",
-            file=sys.stderr,
-        )
+    _warn_trailing(input_path, stats.images, stats.trailing_data_line)
     print(f"{stats.work_microseconds} microseconds of actual work done")
     if args.timing_json:
         figures = {
@@ -93,6 +100,16 @@ def _run(args: argparse.Namespace) -> int:
         with AtomicOutput(args.timing_json) as out:
             json.dump(figures, out, indent=2)
             out.write("\n")
+    return 0
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from cnnlab.convert import convert
+
+    refuse_same_file(args.output, args.input)
+    result = convert(args.input, args.output)
+    _warn_trailing(args.input, result.rows, result.trailing_data_line)
+    print(f"cnnlab: wrote {args.output} ({result.rows} {'images' if result.kind == 'input' else 'lines'})", file=sys.stderr)
     return 0
 
 
@@ -161,6 +178,17 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, help="random seed: the same seed gives the same files")
     gen.add_argument("--out-dir", default="input", help="folder for cnn.csv and in.csv (default input/)")
     gen.set_defaults(handler=_generate)
+
+    conv = commands.add_parser(
+        "convert",
+        help="convert an input or output file between CSV and .npy, exactly",
+        description="Convert an input file (N images) or an output file (rows of values) between the lab's CSV "
+        "and numpy's .npy format, in either direction; the extension of each path names its format. "
+        "Every value comes back as the same double. Every command that takes a file takes either format.",
+    )
+    conv.add_argument("input", metavar="IN")
+    conv.add_argument("output", metavar="OUT")
+    conv.set_defaults(handler=_convert)
 
     cmp = commands.add_parser(
         "compare",

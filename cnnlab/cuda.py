@@ -3,8 +3,9 @@ streams and every device and page-locked host buffer, and frees them in order.
 
 compute(batch) cuts the batch into chunks and deals them round-robin to a few "lanes", each a
 stream with its own device buffers. On a lane a chunk is copied in, run through conv2d_relu and
-flattened_to_dense, and its partial sums copied back, so the copy of one chunk overlaps the
-kernels of another. When all lanes are done the host adds up each output's partials with numpy.
+flattened_to_dense, and its partial sums copied back, so the copy in of one chunk overlaps the
+kernels of another and the copy out of a third. As each chunk's partials arrive, the host adds
+them up with numpy while the later chunks are still on the device.
 """
 
 from __future__ import annotations
@@ -41,11 +42,12 @@ class LaunchConfig:
     """How the work is spread: lanes (streams), images per chunk, partials per output, grid sizes."""
 
     streams: int = 3
-    chunk_images: int = 2048  # device buffers hold one chunk per lane
+    chunk_images: int = 512  # device buffers hold one chunk per lane
     segments: int = 4  # partial sums per output: flattened_to_dense's gridDim.y
     dense_threads: int = 256
     conv_blocks: int | None = None  # None: sized to the device
     dense_blocks: int | None = None
+    lane_bytes_cap: int | None = None  # the most device memory the lanes may take; None: what is free
 
     def __post_init__(self) -> None:
         if min(self.streams, self.chunk_images, self.segments) < 1 or self.segments > OUT_NEURON_DIM // 2:
@@ -102,7 +104,8 @@ class CudaContext:
 
     def __init__(self, cnn: Cnn, batch_size: int | None = None, config: LaunchConfig | None = None) -> None:
         self.config = config or LaunchConfig()
-        self.batch_size = batch_size or self.config.chunk_images * self.config.streams * 2
+        # Four chunks a batch: lanes stay busy, and the run's two host buffers stay small (~330 MB).
+        self.batch_size = batch_size or self.config.chunk_images * 4
         self._chunk = min(self.config.chunk_images, self.batch_size)
         self._driver = driver = _import_driver()
         ptx = ensure_ptx()
@@ -111,6 +114,7 @@ class CudaContext:
         self._host: list[np.ndarray] = []  # page-locked buffers, freed on close
         self._device: list[Any] = []  # device allocations other than the lanes'
         self._host_partials: np.ndarray | None = None  # page-locked (chunks, segments, chunk, 10)
+        self._chunk_done: list[Any] = []  # an event per chunk: its partials are on the host
         with _device_errors("cannot start CUDA"):
             driver.init()
             if driver.Device.count() == 0:
@@ -145,11 +149,14 @@ class CudaContext:
     def _make_lanes(self) -> None:
         """Allocate each lane's device buffers, halving the chunk until they fit in device memory."""
         driver = self._driver
-        segments = self.config.segments
+        streams, segments, cap = self.config.streams, self.config.segments, self.config.lane_bytes_cap
         while True:
             try:
+                lane_bytes = self._chunk * (IMAGE_BYTES + OUT_NEURON_DIM * 8 + segments * OUT_LAYER_SIZE * 8)
+                if cap is not None and streams * lane_bytes > cap:
+                    raise DeviceError(f"{streams} lanes of {self._chunk} images need more than {cap} bytes")
                 with _device_errors("cannot allocate device buffers"):
-                    for _ in range(self.config.streams):
+                    for _ in range(streams):
                         self._lanes.append(
                             _Lane(
                                 stream=driver.Stream(),
@@ -164,6 +171,11 @@ class CudaContext:
                 if self._chunk == 1:
                     raise
                 self._chunk //= 2
+
+    @property
+    def chunk_images(self) -> int:
+        """Images per chunk: the configured size, or less where device memory did not hold it."""
+        return self._chunk
 
     def allocate_images(self, count: int) -> np.ndarray:
         """A page-locked host buffer: chunks copy from it straight to the device, with no staging."""
@@ -197,6 +209,7 @@ class CudaContext:
         host_partials = self._host_partials_for(chunks)
         page_locked = host_images is not None and self._is_page_locked(host_images)
         driver = self._driver
+        outputs = np.empty((chunks * chunk, OUT_LAYER_SIZE))
         with _device_errors("CUDA error while computing"):
             for index in range(chunks):
                 lane = self._lanes[index % len(self._lanes)]
@@ -232,11 +245,12 @@ class CudaContext:
                     np.int32(chunk),
                 )
                 driver.memcpy_dtoh_async(host_partials[index], lane.partials, lane.stream)
-            for lane in self._lanes:
-                lane.stream.synchronize()
-        # Sum over the segments axis (not the contiguous one): numpy adds whole rows in segment order.
-        outputs = host_partials[:chunks].sum(axis=1).reshape(-1, OUT_LAYER_SIZE)[:count]
-        return OutputBatch(np.ascontiguousarray(outputs))
+                self._chunk_done[index].record(lane.stream)
+            for index in range(chunks):
+                self._chunk_done[index].synchronize()
+                # Sum over the segments axis (the leading one): numpy adds whole rows in segment order.
+                np.sum(host_partials[index], axis=0, out=outputs[index * chunk : (index + 1) * chunk])
+        return OutputBatch(outputs[:count])
 
     def _stage(self, lane: _Lane, source: np.ndarray) -> np.ndarray:
         """Copy a pageable chunk into the lane's page-locked staging buffer, once the last copy from it is done."""
@@ -250,11 +264,17 @@ class CudaContext:
         return staged
 
     def _host_partials_for(self, chunks: int) -> np.ndarray:
+        """Page-locked room for the partials of `chunks` chunks, and an event for each; grown as needed."""
         if self._host_partials is None or len(self._host_partials) < chunks:
             with _device_errors("cannot allocate page-locked host memory"):
+                if self._host_partials is not None:
+                    self._host_partials.base.free()
+                    self._host_partials = None
                 self._host_partials = self._driver.pagelocked_empty(
                     (chunks, self.config.segments, self._chunk, OUT_LAYER_SIZE), np.float64
                 )
+                no_timing = self._driver.event_flags.DISABLE_TIMING
+                self._chunk_done += [self._driver.Event(no_timing) for _ in range(chunks - len(self._chunk_done))]
         return self._host_partials
 
     def _free_lanes(self) -> None:
@@ -275,7 +295,7 @@ class CudaContext:
                 buffer.base.free()
             if self._host_partials is not None:
                 self._host_partials.base.free()
-            self._device, self._host, self._host_partials = [], [], None
+            self._device, self._host, self._host_partials, self._chunk_done = [], [], None, []
             self._conv = self._dense = self._module = None
         finally:
             self._context.pop()

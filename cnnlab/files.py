@@ -6,13 +6,17 @@ to a temporary file beside the target and are renamed into place only when the r
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any, BinaryIO
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pa_csv
 
 from cnnlab.errors import InputFileError, OutputFileError
 from cnnlab.network import (
@@ -55,51 +59,104 @@ def open_for_reading(path: str | os.PathLike) -> BinaryIO:
 
 
 class LineSource:
-    """The non-blank lines of a text file, numbered from 1, with line ends (LF or CRLF) removed."""
+    """The non-blank lines of a text file, numbered from 1, with line ends (LF or CRLF) removed.
+
+    The file is read in large blocks split at C speed, which makes walking the lines a small
+    part of the cost of parsing them.
+    """
+
+    BLOCK_BYTES = 1 << 22
+    _LONG = f"line longer than {MAX_LINE_BYTES} bytes"
 
     def __init__(self, path: str | os.PathLike, file: BinaryIO) -> None:
         self.path = path
         self._file = file
-        self.line_number = 0  # the number of the last line read
+        self.line_number = 0  # the number of the last line taken
+        self._lines: list[bytes] = []  # complete lines read from the file, not yet taken
+        self._next = 0  # index into _lines of the next line to take
+        self._tail = b""  # the start of a line whose end has not been read yet
+
+    def _fill(self) -> bool:
+        """Read the next block's complete lines into _lines; False at the end of the file."""
+        data = self._file.read(self.BLOCK_BYTES)
+        if not data:
+            if not self._tail:
+                return False
+            lines, self._tail = [self._tail], b""
+        else:
+            lines = (self._tail + data).split(b"\n")
+            self._tail = lines.pop()
+            if len(self._tail) > MAX_LINE_BYTES:  # refused before more of it is read into memory
+                raise InputFileError(self.path, self._LONG, self.line_number + len(self._lines) - self._next + len(lines) + 1)
+        self._lines = self._lines[self._next :] + lines
+        self._next = 0
+        return True
 
     def next_line(self) -> NumberedLine | None:
         """The next non-blank line, or None at the end of the file."""
-        while True:
-            line = self._file.readline(MAX_LINE_BYTES + 1)
-            if not line:
-                return None
-            self.line_number += 1
-            if len(line) > MAX_LINE_BYTES:
-                raise InputFileError(self.path, f"line longer than {MAX_LINE_BYTES} bytes", self.line_number)
-            if line.strip():
-                return self.line_number, line.rstrip(b"\r\n")
+        lines = self.take(1)
+        return lines[0] if lines else None
 
     def take(self, count: int) -> list[NumberedLine]:
         """The next `count` non-blank lines; fewer only where the file ends first."""
-        lines: list[NumberedLine] = []
-        while len(lines) < count and (line := self.next_line()) is not None:
-            lines.append(line)
-        return lines
+        taken: list[NumberedLine] = []
+        while len(taken) < count:
+            if self._next == len(self._lines) and not self._fill():
+                break
+            line = self._lines[self._next]
+            self._next += 1
+            self.line_number += 1
+            if len(line) > MAX_LINE_BYTES:
+                raise InputFileError(self.path, self._LONG, self.line_number)
+            if line.strip():
+                taken.append((self.line_number, line.rstrip(b"\r")))
+        return taken
 
 
 def parse_rows(path: str | os.PathLike, lines: list[NumberedLine], width: int, out: np.ndarray) -> None:
     """Parse `lines`, each of `width` comma-separated finite numbers, into the flat array `out`.
 
-    The fast path converts the whole block at once; only when it fails are the lines walked one by
-    one to name the first bad line and value. Values are converted exactly as Python's float()
-    does (correctly rounded), except that underscores, which the lab's Rust reader refused, are too.
+    Every value is the double that Python's float() gives for its text (correctly rounded), but
+    underscores, which the lab's Rust reader refused, are refused too. Arrow's CSV reader converts
+    the block (exactly: it rounds correctly, as float() does); only when it finds anything amiss
+    are the lines walked one by one, to name the first bad line and value.
     """
-    block = b",".join(line for _, line in lines)
-    if block.count(b",") == len(lines) * width - 1 and b"_" not in block:
-        try:
-            out[:] = np.array(block.split(b","), dtype=np.float64)
-        except ValueError:
-            pass
-        else:
-            if np.isfinite(out).all():
-                return
+    block = b"\n".join(line for _, line in lines)
+    if _parse_block(block, len(lines), width, out.reshape(len(lines), width)):
+        return
     check_lines(path, lines, width)
-    raise AssertionError("a block failed to parse but no line in it is bad")  # pragma: no cover
+    # No line is bad, so Arrow refused a spelling that float() accepts: convert value by value.
+    out[:] = [float(field) for _, line in lines for field in line.split(b",")]
+
+
+# Bytes a valid block may hold: printable ASCII, tabs and the line ends that join its lines.
+_TEXT_BYTES = bytes([9, 10, *range(0x20, 0x7F)])
+
+
+@functools.cache
+def _arrow_options(width: int) -> tuple[Any, Any, Any]:
+    names = [str(column) for column in range(width)]
+    return (
+        pa_csv.ReadOptions(column_names=names),
+        pa_csv.ParseOptions(quote_char=False),
+        pa_csv.ConvertOptions(column_types=dict.fromkeys(names, pa.float64())),
+    )
+
+
+def _parse_block(block: bytes, rows: int, width: int, grid: np.ndarray) -> bool:
+    """Fill `grid` (rows, width) from the block with Arrow; False if anything in it is not plainly valid."""
+    if block.translate(None, _TEXT_BYTES) or b"_" in block:
+        return False
+    read_options, parse_options, convert_options = _arrow_options(width)
+    try:
+        table = pa_csv.read_csv(pa.py_buffer(block), read_options, parse_options, convert_options)
+    except pa.ArrowInvalid:
+        return False
+    if table.num_rows != rows or any(column.null_count for column in table.columns):
+        return False
+    for index, column in enumerate(table.columns):
+        grid[:, index] = column.to_numpy()
+    return bool(np.isfinite(grid).all())
 
 
 def check_lines(path: str | os.PathLike, lines: list[NumberedLine], width: int) -> None:
@@ -168,6 +225,8 @@ class CsvImageReader:
     The first line holds N; then come N matrices of 100 lines of 100 values. Blank lines anywhere
     are ignored, as the lab's reader did.
     """
+
+    step = 4 * PARSE_IMAGES  # images per read_into() call that a reader thread makes
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = path
@@ -238,9 +297,32 @@ def format_rows(rows: np.ndarray) -> str:
     return "".join(",".join(map(repr, row)) + "\n" for row in rows.tolist())
 
 
-def format_outputs(outputs: OutputBatch) -> str:
-    """The lines of an output file: 10 comma-separated values each."""
-    return format_rows(outputs.values)
+class CsvOutputWriter:
+    """The lab's output file: one line of 10 values per image, in shortest round-trip form."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self._output = AtomicOutput(path)
+
+    def __enter__(self) -> CsvOutputWriter:
+        self._file = self._output.__enter__()
+        return self
+
+    def write(self, outputs: OutputBatch) -> None:
+        self._file.write(format_rows(outputs.values))
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._output.__exit__(*exc_info)
+
+
+def refuse_same_file(output: str | os.PathLike, *inputs: str | os.PathLike) -> None:
+    """Raise an OutputFileError if `output` is one of `inputs` under another name (or the same)."""
+    for input_path in inputs:
+        try:
+            same = os.path.samefile(output, input_path)
+        except OSError:  # one of them does not exist (yet): they cannot be the same file
+            continue
+        if same:
+            raise OutputFileError(f"{output}: is the input file {input_path}; refusing to write over it")
 
 
 class AtomicOutput:
@@ -278,6 +360,15 @@ class AtomicOutput:
             raise OutputFileError(f"{self.path}: cannot write: {error.strerror or error}") from None
         finally:
             self._temporary.unlink(missing_ok=True)
+
+
+def write_input_file(path: str | os.PathLike, count: int, images: Iterable[np.ndarray]) -> None:
+    """Write an input file of the `count` (100, 100) images that `images` yields."""
+    with AtomicOutput(path) as out:
+        out.write(f"{count}\n")
+        for image in images:
+            out.write(format_rows(image))
+            out.write("\n")
 
 
 def read_outputs(path: str | os.PathLike) -> list[list[float]]:

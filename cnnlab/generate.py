@@ -7,12 +7,11 @@ the input file has a blank line after each matrix, the CNN file one between its 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 
-from cnnlab.files import AtomicOutput, format_rows
+from cnnlab.files import AtomicOutput, format_rows, write_input_file
 from cnnlab.network import CONV_LAYER_SIZE, FILTER_DIM, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM
 
 VALUE_BOUND = 10.0
@@ -31,15 +30,6 @@ def write_cnn_file(path: str | os.PathLike, filters: np.ndarray, weights: np.nda
         out.write(format_rows(filters.reshape(CONV_LAYER_SIZE, FILTER_DIM * FILTER_DIM)))
         out.write("\n")
         out.write(format_rows(weights.reshape(OUT_LAYER_SIZE, OUT_NEURON_DIM)))
-
-
-def write_input_file(path: str | os.PathLike, count: int, images: Iterable[np.ndarray]) -> None:
-    """Write an input file of the `count` (100, 100) images that `images` yields."""
-    with AtomicOutput(path) as out:
-        out.write(f"{count}\n")
-        for image in images:
-            out.write(format_rows(image))
-            out.write("\n")
 
 
 def generate(out_dir: str | os.PathLike, images: int, seed: int | None) -> tuple[Path, Path]:

@@ -1,17 +1,25 @@
 """A whole run, as the lab's main.rs does it: read the input in batches, compute, write the outputs.
 
+A reader thread parses the next batch while this one computes, straight into the buffers the
+backend reads fastest from (page-locked ones for CUDA).
+
 Only backend.compute() is timed: the lab's "actual work", without reading or writing files.
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TextIO
 
-from cnnlab.files import AtomicOutput, CsvImageReader, format_outputs
+import numpy as np
+
+from cnnlab.formats import ImageReader, open_images, open_outputs
 from cnnlab.network import Backend, ImageBatch
 
 
@@ -60,21 +68,78 @@ class Progress:
             self._stream.flush()
 
 
+class Prefetcher:
+    """Reads batches on a thread, into two buffers in turn, so that reading the next batch overlaps
+    computing this one; yields them in input order.
+
+    The thread reads `reader.step` images at a time and stops between steps when closed, so that
+    leaving early never waits for a whole batch, and never leaves it writing into a freed buffer.
+    """
+
+    def __init__(self, reader: ImageReader, buffers: list[np.ndarray]) -> None:
+        self._reader = reader
+        self._empty: queue.Queue[np.ndarray | None] = queue.Queue()
+        self._full: queue.Queue[tuple[np.ndarray, int] | BaseException] = queue.Queue()
+        for buffer in buffers:
+            self._empty.put(buffer)
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._read, name="cnnlab-reader", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            while (buffer := self._empty.get()) is not None:
+                count = 0
+                while count < len(buffer) and not self._closed.is_set():
+                    step = self._reader.read_into(buffer[count : count + self._reader.step])
+                    if not step:
+                        break
+                    count += step
+                self._full.put((buffer, count))
+                if count < len(buffer):
+                    return
+        except BaseException as error:  # handed to the consumer, raised there
+            self._full.put(error)
+
+    def __iter__(self) -> Iterator[ImageBatch]:
+        while True:
+            item = self._full.get()
+            if isinstance(item, BaseException):
+                raise item
+            buffer, count = item
+            if count:
+                yield ImageBatch(buffer[:count])
+            if count < len(buffer):
+                return
+            self._empty.put(buffer)
+
+    def close(self) -> None:
+        self._closed.set()
+        self._empty.put(None)
+        self._thread.join()
+
+    def __enter__(self) -> Prefetcher:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
 def run_network(backend: Backend, input_path: str | os.PathLike, output_path: str | os.PathLike) -> RunStats:
     """Compute the outputs of every image in `input_path` and write them to `output_path`."""
-    with CsvImageReader(input_path) as reader, AtomicOutput(output_path) as out:
-        buffer = backend.allocate_images(min(backend.batch_size, reader.count))
+    with open_images(input_path) as reader, open_outputs(output_path, reader.count) as output:
+        buffers = [backend.allocate_images(min(backend.batch_size, reader.count)) for _ in range(2)]
         progress = Progress(reader.count)
         work_seconds = 0.0
         try:
-            while count := reader.read_into(buffer):
-                batch = ImageBatch(buffer[:count])
-                start = time.perf_counter()
-                outputs = backend.compute(batch)
-                work_seconds += time.perf_counter() - start
-                out.write(format_outputs(outputs))
-                progress.update(reader.images_read)
+            with Prefetcher(reader, buffers) as batches:
+                for batch in batches:
+                    start = time.perf_counter()
+                    outputs = backend.compute(batch)
+                    work_seconds += time.perf_counter() - start
+                    output.write(outputs)
+                    progress.update(reader.images_read)
         finally:
             progress.finish()
         trailing = reader.trailing_data_line()
-    return RunStats(reader.count, work_seconds, len(buffer), trailing)
+    return RunStats(reader.count, work_seconds, len(buffers[0]), trailing)

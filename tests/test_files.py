@@ -10,7 +10,8 @@ import pytest
 from conftest import random_cnn, write_files
 
 from cnnlab.errors import InputFileError
-from cnnlab.files import AtomicOutput, CsvImageReader, format_outputs, read_cnn, read_outputs
+from cnnlab.files import AtomicOutput, CsvImageReader, read_cnn
+from cnnlab.formats import open_outputs, read_outputs
 from cnnlab.generate import generate, random_values
 from cnnlab.network import OutputBatch
 
@@ -36,12 +37,14 @@ def test_cnn_and_input_round_trip_exactly(tmp_path: Path, rng: np.random.Generat
     assert (read_all_images(input_path) == images).all()
 
 
-def test_outputs_round_trip_exactly(tmp_path: Path, rng: np.random.Generator) -> None:
+@pytest.mark.parametrize("name", ["out.csv", "out.npy"])
+def test_outputs_round_trip_exactly(tmp_path: Path, rng: np.random.Generator, name: str) -> None:
     # Values of every magnitude, including subnormals and 17-digit ones, come back as the same doubles.
     values = rng.standard_normal((5, 10)) * 10.0 ** rng.integers(-320, 300, (5, 10))
-    path = tmp_path / "out.csv"
-    with AtomicOutput(path) as out:
-        out.write(format_outputs(OutputBatch(values)))
+    path = tmp_path / name
+    with open_outputs(path, 5) as out:
+        out.write(OutputBatch(values[:2]))
+        out.write(OutputBatch(values[2:]))
     assert read_outputs(path) == values.tolist()
 
 

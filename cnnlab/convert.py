@@ -1,0 +1,68 @@
+"""`cnnlab convert IN OUT`: an input or output file from CSV to .npy or back, every value exact.
+
+What IN holds is read from it: a .npy array of shape (N, 100, 100) or a CSV file whose first line
+is a single count is an input file; a 2-D .npy array or any other CSV file is an output file.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from cnnlab.errors import InputFileError
+from cnnlab.files import AtomicOutput, LineSource, format_rows, open_for_reading, write_input_file
+from cnnlab.formats import ImageReader, is_npy, open_images, read_outputs
+from cnnlab.network import INPUT_DIM
+from cnnlab.npy import NpyWriter, read_header
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """What was converted: "input" or "output" rows, how many, and a line of data ignored after N images."""
+
+    kind: str
+    rows: int
+    trailing_data_line: int | None = None
+
+
+def holds_images(path: str | os.PathLike) -> bool:
+    """Whether `path` is an input file (images) rather than an output file (rows of values)."""
+    with open_for_reading(path) as file:
+        if is_npy(path):
+            shape, _ = read_header(path, file)
+            return len(shape) == 3
+        first = LineSource(path, file).next_line()
+        return first is not None and first[1].strip().isdigit()
+
+
+def _batches(reader: ImageReader) -> Iterator[np.ndarray]:
+    buffer = np.empty((min(reader.step, reader.count), INPUT_DIM, INPUT_DIM))
+    while count := reader.read_into(buffer):
+        yield buffer[:count]
+
+
+def convert(input_path: str | os.PathLike, output_path: str | os.PathLike) -> Conversion:
+    """Write the contents of `input_path` to `output_path` in the format its extension names."""
+    if not holds_images(input_path):
+        rows = read_outputs(input_path)
+        if not rows or len({len(row) for row in rows}) != 1:
+            raise InputFileError(input_path, "an output file to convert needs one or more lines, all of the same length")
+        values = np.array(rows, dtype=np.float64)
+        if is_npy(output_path):
+            with NpyWriter(output_path, values.shape) as npy:
+                npy.write_rows(values)
+        else:
+            with AtomicOutput(output_path) as out:
+                out.write(format_rows(values))
+        return Conversion("output", len(values))
+    with open_images(input_path) as reader:
+        if is_npy(output_path):
+            with NpyWriter(output_path, (reader.count, INPUT_DIM, INPUT_DIM)) as npy:
+                for batch in _batches(reader):
+                    npy.write_rows(batch)
+        else:
+            write_input_file(output_path, reader.count, (image for batch in _batches(reader) for image in batch))
+        return Conversion("input", reader.count, reader.trailing_data_line())
