@@ -232,13 +232,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Terminated(BaseException):
+    """SIGTERM, raised like KeyboardInterrupt so that temporary outputs are removed on the way out."""
+
+
 def _terminate(signum: int, frame: object) -> None:
-    """SIGTERM unwinds like an exception, so temporary outputs are removed on the way out."""
-    raise SystemExit(128 + signum)
+    raise _Terminated
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even where the parent shell ignored it
     try:
         args = build_parser().parse_args(argv)
         return args.handler(args)
@@ -247,4 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         print("cnnlab: interrupted", file=sys.stderr)
-        return 130
+        return 128 + signal.SIGINT
+    except _Terminated:
+        print("cnnlab: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM

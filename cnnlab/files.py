@@ -338,6 +338,8 @@ class AtomicOutput:
         self._file: IO[Any] | None = None
 
     def __enter__(self) -> IO[Any]:
+        if self.path.is_dir():
+            raise OutputFileError(f"{self.path}: is a directory, not a file")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             descriptor, temporary = tempfile.mkstemp(

@@ -67,19 +67,16 @@ class NpyImageReader:
             return 0
         start = self._offset + self.images_read * IMAGE_BYTES
         aligned = start - start % mmap.ALLOCATIONGRANULARITY
+        # The map is unmapped when the last view of it goes, as soon as the copying threads let go.
         window = mmap.mmap(self._file.fileno(), start - aligned + count * IMAGE_BYTES, access=mmap.ACCESS_READ, offset=aligned)
-        try:
-            window.madvise(mmap.MADV_SEQUENTIAL)
-            images = np.frombuffer(window, DTYPE, count * INPUT_DIM * INPUT_DIM, start - aligned).reshape(count, INPUT_DIM, INPUT_DIM)
-            self._copy(images, out)
-            del images  # the map can only close once no array views it
-        finally:
-            window.close()
+        window.madvise(mmap.MADV_SEQUENTIAL)
+        images = np.frombuffer(window, DTYPE, count * INPUT_DIM * INPUT_DIM, start - aligned)
+        self._copy(images.reshape(count, INPUT_DIM, INPUT_DIM), out[:count])
         self.images_read += count
         return count
 
     def _copy(self, source: np.ndarray, target: np.ndarray) -> None:
-        """Copy `source` into the leading images of `target`, COPY_IMAGES at a time over the pool's threads."""
+        """Copy `source` into `target`, COPY_IMAGES at a time over the pool's threads."""
 
         def copy_part(first: int) -> None:
             np.copyto(target[first : first + COPY_IMAGES], source[first : first + COPY_IMAGES])

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cnnlab.generate import random_values, write_cnn_file, write_input_file
+from cnnlab.files import write_input_file
+from cnnlab.generate import random_values, write_cnn_file
 from cnnlab.network import Cnn
 
 SESSION_SEED = int(os.environ.get("CNNLAB_TEST_SEED", secrets.randbits(32)))

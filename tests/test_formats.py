@@ -1,0 +1,161 @@
+"""The CSV reader's exactness, the .npy formats, `cnnlab convert`, and the reader thread of a run."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import random_cnn, write_files
+from test_cli import assert_one_line_error, cnnlab
+from test_files import read_all_images
+
+from cnnlab import files as csv_files
+from cnnlab.convert import convert
+from cnnlab.cpu import CpuBackend
+from cnnlab.errors import InputFileError
+from cnnlab.formats import open_images, read_outputs
+from cnnlab.generate import random_values
+from cnnlab.network import ImageBatch, OutputBatch
+from cnnlab.run import run_network
+
+
+def awkward_values(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Doubles of every magnitude, subnormals and the extremes included."""
+    values = rng.uniform(-1, 1, shape) * 10.0 ** rng.integers(-330, 308, shape)
+    flat = values.reshape(-1)
+    flat[:6] = [5e-324, -2.2250738585072009e-308, 1.7976931348623157e308, -0.0, 0.1, 1 / 3]
+    return values
+
+
+def spellings(value: float, rng: np.random.Generator) -> str:
+    """One of several texts of `value` that float() reads back exactly."""
+    signed = repr(value) if repr(value).startswith("-") else f"+{value!r}"
+    return str(rng.choice([repr(value), f"{value:.17g}", f"{value:.25e}", f"{value:.17E}", signed]))
+
+
+def test_csv_values_are_the_doubles_float_gives(tmp_path: Path, rng: np.random.Generator) -> None:
+    # 17 significant digits, exponents of every size, subnormals, '+' signs, spaces: float() of the text.
+    texts = [[[spellings(v, rng) for v in row] for row in image] for image in awkward_values(rng, (3, 100, 100)).tolist()]
+    texts[1][7][3] = " 4.9406564584124654e-324 "
+    texts[2][0][0] = "0.1000000000000000055511151231257827021181583404541015625"
+    path = tmp_path / "in.csv"
+    path.write_text("3\n" + "".join("\n".join(",".join(row) for row in image) + "\n\n" for image in texts))
+    want = np.array([[[float(text) for text in row] for row in image] for image in texts])
+    got = read_all_images(path, batch=2)
+    assert (got.view(np.int64) == want.view(np.int64)).all()
+
+
+def test_values_arrow_refuses_still_convert_exactly(tmp_path: Path, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The value-by-value path (taken where the fast one declines a block) gives the same doubles."""
+    images = awkward_values(rng, (2, 100, 100))
+    _, path = write_files(tmp_path, random_cnn(rng), images)
+    monkeypatch.setattr(csv_files, "_parse_block", lambda *args: False)
+    assert (read_all_images(path).view(np.int64) == images.view(np.int64)).all()
+
+
+def test_npy_input_round_trips_through_convert(tmp_path: Path, rng: np.random.Generator) -> None:
+    images = awkward_values(rng, (5, 100, 100))
+    _, csv_path = write_files(tmp_path, random_cnn(rng), images)
+    convert(csv_path, tmp_path / "in.npy")
+    assert (np.load(tmp_path / "in.npy").view(np.int64) == images.view(np.int64)).all()
+    convert(tmp_path / "in.npy", tmp_path / "back.csv")
+    assert (tmp_path / "back.csv").read_bytes() == csv_path.read_bytes()
+    with open_images(tmp_path / "in.npy") as reader:
+        buffer = np.empty((2, 100, 100))
+        parts = [buffer[: reader.read_into(buffer)].copy() for _ in range(4)]
+    assert [len(part) for part in parts] == [2, 2, 1, 0]
+    assert (np.concatenate(parts) == images).all()
+
+
+def test_outputs_convert_both_ways(tmp_path: Path, rng: np.random.Generator) -> None:
+    values = awkward_values(rng, (7, 10))
+    np.save(tmp_path / "out.npy", values)
+    result = cnnlab("convert", tmp_path / "out.npy", tmp_path / "out.csv")
+    assert result.returncode == 0, result.stderr
+    assert read_outputs(tmp_path / "out.csv") == values.tolist()
+    assert cnnlab("convert", tmp_path / "out.csv", tmp_path / "again.npy").returncode == 0
+    assert (np.load(tmp_path / "again.npy").view(np.int64) == values.view(np.int64)).all()
+
+
+@pytest.mark.parametrize(
+    "array, message",
+    [
+        (np.zeros((3, 100, 100), np.float32), "float32"),
+        (np.zeros((3, 100, 99)), "shape (3, 100, 99)"),
+        (np.zeros((0, 100, 100)), "shape (0, 100, 100)"),
+        (np.asfortranarray(np.zeros((2, 100, 100))), "Fortran"),
+    ],
+)
+def test_unsuitable_npy_inputs_are_refused(tmp_path: Path, rng: np.random.Generator, array: np.ndarray, message: str) -> None:
+    cnn_path, _ = write_files(tmp_path, random_cnn(rng), random_values(rng, 1, 100, 100))
+    np.save(tmp_path / "in.npy", array)
+    result = cnnlab("cpu", cnn_path, tmp_path / "in.npy", tmp_path / "out.csv")
+    assert message in assert_one_line_error(result) and str(tmp_path / "in.npy") in result.stderr
+    assert not (tmp_path / "out.csv").exists()
+
+
+@pytest.mark.parametrize("content, message", [(b"not numpy at all", "not a .npy file"), (None, "file ends after")])
+def test_broken_npy_files_are_refused(tmp_path: Path, rng: np.random.Generator, content: bytes | None, message: str) -> None:
+    path = tmp_path / "in.npy"
+    np.save(path, random_values(rng, 3, 100, 100))
+    path.write_bytes(content if content is not None else path.read_bytes()[:-8])
+    with pytest.raises(InputFileError, match=message):
+        open_images(path)
+
+
+def test_npy_in_and_out_give_the_csv_results(tmp_path: Path, rng: np.random.Generator) -> None:
+    cnn = random_cnn(rng)
+    images = random_values(rng, 9, 100, 100)
+    cnn_path, csv_path = write_files(tmp_path, cnn, images)
+    np.save(tmp_path / "in.npy", images)
+    assert cnnlab("cpu", cnn_path, csv_path, tmp_path / "out.csv").returncode == 0
+    result = cnnlab("cpu", cnn_path, tmp_path / "in.npy", tmp_path / "out.npy", "--batch", "4")
+    assert result.returncode == 0, result.stderr
+    assert np.load(tmp_path / "out.npy").tolist() == read_outputs(tmp_path / "out.csv")
+
+
+class RecordingBackend(CpuBackend):
+    """The CPU backend, remembering the first image of each batch it was handed."""
+
+    def __init__(self, *args: object, fail_at: int | None = None, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.firsts: list[float] = []
+        self._fail_at = fail_at
+
+    def compute(self, batch: ImageBatch) -> OutputBatch:
+        if len(self.firsts) == self._fail_at:
+            raise InputFileError("backend", "stopped on purpose")
+        self.firsts.append(float(batch.images[0, 0, 0]))
+        return super().compute(batch)
+
+
+@pytest.mark.parametrize("name", ["in.csv", "in.npy"])
+def test_pipeline_keeps_input_order(tmp_path: Path, rng: np.random.Generator, name: str) -> None:
+    cnn = random_cnn(rng)
+    images = random_values(rng, 23, 100, 100)
+    _, csv_path = write_files(tmp_path, cnn, images)
+    if name == "in.npy":
+        np.save(tmp_path / name, images)
+    with RecordingBackend(cnn, batch_size=3) as backend:
+        run_network(backend, tmp_path / name, tmp_path / "out.csv")
+        want = CpuBackend.compute(backend, ImageBatch(images)).values
+    assert backend.firsts == images[::3, 0, 0].tolist()
+    assert read_outputs(tmp_path / "out.csv") == want.tolist()
+
+
+@pytest.mark.parametrize("fail_at", ["reader", "backend"])
+def test_a_failure_stops_the_run_cleanly(tmp_path: Path, rng: np.random.Generator, fail_at: str) -> None:
+    cnn = random_cnn(rng)
+    images = random_values(rng, 40, 100, 100)
+    _, path = write_files(tmp_path, cnn, images)
+    if fail_at == "reader":  # image 31 of 40 is cut short: the reader fails while batches compute
+        lines = path.read_text().splitlines(keepends=True)
+        path.write_text("".join(lines[: 1 + 30 * 101 + 50]))
+    threads_before = threading.active_count()
+    with RecordingBackend(cnn, batch_size=4, fail_at=None if fail_at == "reader" else 2) as backend:
+        with pytest.raises(InputFileError, match="file ends after 30 of the 40" if fail_at == "reader" else "on purpose"):
+            run_network(backend, path, tmp_path / "out" / "out.csv")
+    assert threading.active_count() == threads_before
+    assert list((tmp_path / "out").iterdir()) == []

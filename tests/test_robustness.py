@@ -1,0 +1,188 @@
+"""Nothing lost, nothing half-written: paths, interruptions, device faults and random corruption."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import random_cnn, write_files
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+from test_cli import ROOT, assert_one_line_error, cnnlab
+from test_files import read_all_images
+
+from cnnlab import cli
+from cnnlab.cpu import CpuBackend
+from cnnlab.errors import DeviceError
+from cnnlab.files import read_cnn, write_input_file
+from cnnlab.formats import open_outputs, read_outputs
+from cnnlab.generate import random_values, write_cnn_file
+from cnnlab.network import ImageBatch, OutputBatch
+
+FINITE = st.floats(allow_nan=False, allow_infinity=False, width=64)
+NO_FILES_LEFT = "no output and no temporary file may be left behind"
+
+
+@pytest.mark.parametrize("which", ["input", "cnn", "input under another name"])
+def test_output_that_is_an_input_is_refused_before_anything_is_written(tmp_path: Path, rng: np.random.Generator, which: str) -> None:
+    cnn_path, input_path = write_files(tmp_path, random_cnn(rng), random_values(rng, 2, 100, 100))
+    before = {path: path.read_bytes() for path in (cnn_path, input_path)}
+    output = {"input": input_path, "cnn": cnn_path, "input under another name": tmp_path / "link.csv"}[which]
+    if which == "input under another name":
+        os.link(input_path, output)
+    result = cnnlab("cpu", cnn_path, input_path, output)
+    assert "refusing to write over it" in assert_one_line_error(result)
+    assert {path: path.read_bytes() for path in before} == before
+    expected = ["cnn.csv", "in.csv", *(["link.csv"] if output.name == "link.csv" else [])]
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(expected)
+
+
+@pytest.mark.parametrize("where", ["under a file", "a directory"])
+def test_unwritable_output_is_a_one_line_error(tmp_path: Path, rng: np.random.Generator, where: str) -> None:
+    cnn_path, input_path = write_files(tmp_path, random_cnn(rng), random_values(rng, 2, 100, 100))
+    output = {"under a file": input_path / "out.csv", "a directory": tmp_path}[where]
+    assert str(output) in assert_one_line_error(cnnlab("cpu", cnn_path, input_path, output))
+
+
+class FailingBackend(CpuBackend):
+    """A backend whose device fails on the second batch, as a failed launch or a lost GPU would."""
+
+    name = "cuda"
+    calls = 0
+
+    def compute(self, batch: ImageBatch) -> OutputBatch:
+        FailingBackend.calls += 1
+        if FailingBackend.calls == 2:
+            raise DeviceError("CUDA error while computing: cuEventSynchronize failed: an illegal memory access was encountered")
+        return super().compute(batch)
+
+
+def test_device_failure_mid_run_is_one_line_and_leaves_no_output(
+    tmp_path: Path, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cnn_path, input_path = write_files(tmp_path, random_cnn(rng), random_values(rng, 5, 100, 100))
+    (tmp_path / "out.csv").write_text("old\n")
+    monkeypatch.setattr(cli, "make_backend", lambda mode, cnn, batch: FailingBackend(cnn, batch))
+    assert cli.main(["cuda", str(cnn_path), str(input_path), str(tmp_path / "out.csv"), "--batch", "2"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == "cnnlab: CUDA error while computing: cuEventSynchronize failed: an illegal memory access was encountered\n"
+    assert captured.out == "" and (tmp_path / "out.csv").read_text() == "old\n"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["cnn.csv", "in.csv", "out.csv"], NO_FILES_LEFT
+
+
+@pytest.mark.parametrize("signum, status, message", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
+def test_interrupting_a_real_run_leaves_nothing_behind(
+    tmp_path: Path, rng: np.random.Generator, signum: int, status: int, message: str
+) -> None:
+    # 1,000 images (~190 MB of CSV): a second or more of parsing, so the signal lands mid-run.
+    cnn_path, small = write_files(tmp_path, random_cnn(rng), random_values(rng, 1, 100, 100))
+    image = small.read_text().split("\n", 1)[1]
+    (tmp_path / "big.csv").write_text("1000\n" + image * 1000)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    (out_dir / "out.csv").write_text("old\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    command = [sys.executable, "-m", "cnnlab", "cpu", str(cnn_path), str(tmp_path / "big.csv"), str(out_dir / "out.csv")]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while len(list(out_dir.iterdir())) < 2 and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)  # until the temporary output exists: the run is under way
+    time.sleep(0.2)
+    assert process.poll() is None, "the run ended before it could be interrupted"
+    process.send_signal(signum)
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == status, stderr
+    assert stderr == f"cnnlab: {message}\n" and stdout == ""
+    assert [path.name for path in out_dir.iterdir()] == ["out.csv"], NO_FILES_LEFT
+    assert (out_dir / "out.csv").read_text() == "old\n"
+
+
+# Property tests: what the writers write, the readers read back to the identical arrays.
+
+SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@SETTINGS
+@given(images=arrays(np.float64, st.tuples(st.integers(1, 3), st.just(100), st.just(100)), elements=FINITE))
+def test_input_files_round_trip(tmp_path: Path, images: np.ndarray) -> None:
+    write_input_file(tmp_path / "in.csv", len(images), images)
+    assert (read_all_images(tmp_path / "in.csv", batch=2).view(np.int64) == images.view(np.int64)).all()
+
+
+@SETTINGS
+@given(
+    filters=arrays(np.float64, (10, 5, 5), elements=FINITE),
+    weights=arrays(np.float64, (10, 4000), elements=st.floats(-1e300, 1e300, allow_subnormal=True)),
+)
+def test_cnn_files_round_trip(tmp_path: Path, filters: np.ndarray, weights: np.ndarray) -> None:
+    write_cnn_file(tmp_path / "cnn.csv", filters, weights)
+    cnn = read_cnn(tmp_path / "cnn.csv")
+    assert (cnn.filters.view(np.int64) == filters.view(np.int64)).all()
+    assert (cnn.weights.view(np.int64) == weights.view(np.int64)).all()
+
+
+@SETTINGS
+@given(values=arrays(np.float64, st.tuples(st.integers(1, 20), st.just(10)), elements=FINITE), name=st.sampled_from(["o.csv", "o.npy"]))
+def test_output_files_round_trip(tmp_path: Path, values: np.ndarray, name: str) -> None:
+    with open_outputs(tmp_path / name, len(values)) as out:
+        out.write(OutputBatch(values))
+    assert np.array(read_outputs(tmp_path / name)).view(np.int64).tolist() == values.view(np.int64).tolist()
+
+
+def _corrupt(data: bytes, kind: str, where: float, byte: int) -> bytes:
+    lines = data.split(b"\n")
+    line = min(int(where * len(lines)), len(lines) - 1)
+    if kind == "byte":
+        position = min(int(where * len(data)), len(data) - 1)
+        return data[:position] + bytes([byte]) + data[position + 1 :]
+    if kind == "cut line":
+        return b"\n".join([*lines[:line], lines[line][: byte % (len(lines[line]) + 1)], *lines[line + 1 :]])
+    if kind == "drop line":
+        return b"\n".join(lines[:line] + lines[line + 1 :])
+    if kind == "truncate":
+        return data[: int(where * len(data))]
+    return b"\n".join([*lines[: line + 1], lines[line], *lines[line + 1 :]])  # duplicate line
+
+
+@pytest.fixture(scope="module")
+def valid_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, bytes]:
+    rng = np.random.default_rng(459)
+    folder = tmp_path_factory.mktemp("valid")
+    cnn_path, input_path = write_files(folder, random_cnn(rng), random_values(rng, 2, 100, 100))
+    return cnn_path.read_bytes(), input_path.read_bytes()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    target=st.sampled_from(["cnn", "input"]),
+    kind=st.sampled_from(["byte", "cut line", "drop line", "duplicate line", "truncate"]),
+    where=st.floats(0, 1),
+    byte=st.integers(0, 255),
+)
+def test_random_corruption_is_a_result_or_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], valid_files: tuple[bytes, bytes], target: str, kind: str, where: float, byte: int
+) -> None:
+    cnn_data, input_data = valid_files
+    if target == "cnn":
+        cnn_data = _corrupt(cnn_data, kind, where, byte)
+    else:
+        input_data = _corrupt(input_data, kind, where, byte)
+    (tmp_path / "cnn.csv").write_bytes(cnn_data)
+    (tmp_path / "in.csv").write_bytes(input_data)
+    output = tmp_path / "out.csv"
+    output.unlink(missing_ok=True)
+    status = cli.main(["cpu", str(tmp_path / "cnn.csv"), str(tmp_path / "in.csv"), str(output)])
+    captured = capsys.readouterr()
+    if status == 0:  # still a valid file: outputs for every image the first line announces
+        assert len(read_outputs(output)) == int(input_data.split(b"\n", 1)[0])
+        assert captured.err == "" or "warning: " in captured.err and captured.err.count("\n") == 1
+    else:
+        assert status == 2 and captured.err.startswith("cnnlab: ") and captured.err.count("\n") == 1, captured.err
+        assert not output.exists()
