@@ -12,9 +12,11 @@ the device-to-device copy rate (bytes read plus bytes written).
 from __future__ import annotations
 
 import json
+import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -25,11 +27,11 @@ import numpy as np
 
 from cnnlab.cpu import CpuBackend
 from cnnlab.errors import CnnlabError
-from cnnlab.files import AtomicOutput
+from cnnlab.files import AtomicOutput, CsvImageReader
 from cnnlab.generate import random_values
 from cnnlab.network import CONV_LAYER_SIZE, IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, Cnn, ImageBatch
 
-ROWS = ("cpu", "lab", "pinned", "resident", "bounds", "torch")
+ROWS = ("cpu", "reader", "lab", "pinned", "resident", "bounds", "torch")
 
 
 @dataclass
@@ -49,6 +51,7 @@ class BenchOptions:
     images: int = 65536
     cpu_images: int = 2048
     lab_images: int = 2000
+    reader_images: int = 500
     repeats: int = 5
     rows: tuple[str, ...] = ROWS
     sweep: tuple[int, ...] = ()  # batch sizes for the plot
@@ -79,6 +82,33 @@ def bench_cpu(cnn: Cnn, options: BenchOptions, rng: np.random.Generator) -> Figu
     with CpuBackend(cnn) as backend:
         rate = median_rate(len(batch), lambda: backend.compute(batch), options.repeats)
     return Figure("cpu", f"cpu: numpy forward ({backend.device})", rate)
+
+
+def bench_reader(options: BenchOptions, seed: int | None) -> list[Figure]:
+    """The CSV reader in MB/s, with one parse thread and one per core, and numpy.loadtxt on the same file."""
+    from cnnlab.generate import generate
+
+    with tempfile.TemporaryDirectory() as folder:
+        _, path = generate(folder, options.reader_images, seed)
+        size = path.stat().st_size
+        image_bytes = size / options.reader_images
+
+        def read(threads: int | None) -> None:
+            with CsvImageReader(path, threads) as reader:
+                buffer = np.empty((reader.step, INPUT_DIM, INPUT_DIM))
+                while reader.read_into(buffer):
+                    pass
+
+        repeats = min(options.repeats, 3)
+        loadtxt = median_rate(size, lambda: np.loadtxt(path, delimiter=",", skiprows=1), repeats)
+        one = median_rate(size, partial(read, 1), repeats)
+        every = median_rate(size, partial(read, None), repeats)
+    cores = os.cpu_count()
+    return [
+        Figure("reader", "reference: numpy.loadtxt (one thread)", loadtxt / image_bytes, key="loadtxt", bytes_per_second=loadtxt),
+        Figure("reader", "cnnlab CSV reader, one parse thread", one / image_bytes, "loadtxt", bytes_per_second=one),
+        Figure("reader", f"cnnlab CSV reader, {cores} parse threads", every / image_bytes, "loadtxt", bytes_per_second=every),
+    ]
 
 
 def bench_cuda(
@@ -184,6 +214,8 @@ def run_bench(options: BenchOptions, seed: int | None = None) -> dict[str, Any]:
     device = None
     if "cpu" in options.rows:
         figures.append(bench_cpu(cnn, options, rng))
+    if "reader" in options.rows:
+        figures += bench_reader(options, seed)
     if {"lab", "pinned", "resident", "bounds"} & set(options.rows) or options.sweep:
         try:
             cuda_figures, device = bench_cuda(cnn, options, rng, sweep)
@@ -229,7 +261,7 @@ def format_table(report: dict[str, Any]) -> str:
     for row in ratios(report):
         of_bound = f"{row['of_bound']:.1%}" if row["of_bound"] is not None else "-"
         of_lab = f"{row['of_lab']:.1f}" if row["of_lab"] is not None else "-"
-        extra = f" ({row['bytes_per_second'] / 1e9:.1f} GB/s)" if row["bytes_per_second"] else ""
+        extra = f" ({row['bytes_per_second'] / 1e6:,.0f} MB/s)" if row["bytes_per_second"] else ""
         lines.append(f"{(row['name'] + extra)[:66]:<66} {row['images_per_second']:>14,.0f} {of_bound:>9} {of_lab:>8}")
     lines += [f"note: {note}" for note in report["notes"]]
     return "\n".join(lines)

@@ -96,6 +96,8 @@ def _run(args: argparse.Namespace) -> int:
             "work_seconds": stats.work_seconds,
             "work_microseconds": stats.work_microseconds,
             "images_per_second": stats.images_per_second,
+            "loop_seconds": stats.loop_seconds,
+            "loop_images_per_second": stats.images / stats.loop_seconds,
         }
         with AtomicOutput(args.timing_json) as out:
             json.dump(figures, out, indent=2)
@@ -143,7 +145,7 @@ def _bench(args: argparse.Namespace) -> int:
     if unknown:
         raise UsageError(f"unknown bench rows {', '.join(sorted(unknown))}; choose from {','.join(BenchOptions.rows)}")
     sweep = (1, 16, 256, 4096, args.images) if args.plot else ()
-    options = BenchOptions(args.images, args.cpu_images, args.lab_images, args.repeats, rows, sweep)
+    options = BenchOptions(args.images, args.cpu_images, args.lab_images, args.reader_images, args.repeats, rows, sweep)
     report = run_bench(options, args.seed)
     print(format_table(report))
     write_report(report, args.json, args.plot)
@@ -212,7 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
         "bench",
         help="measure every path in images/s against the hardware's bounds",
         description="Measure each path in images/s (median of --repeats after a warm-up, fresh random data): "
-        "cpu, the lab's one image per launch, batched from page-locked memory, resident on the device, the "
+        "cpu, the CSV reader in MB/s against numpy.loadtxt, "
+        "the lab's one image per launch, batched from page-locked memory, resident on the device, the "
         "host-to-device and device-to-device copy bounds, and PyTorch float64 as a peer when it is installed. "
         "Without a GPU only the cpu row runs.",
     )
@@ -220,6 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("--images", defaults.images, "images for the GPU rows"),
         ("--cpu-images", defaults.cpu_images, "images for the cpu row"),
         ("--lab-images", defaults.lab_images, "images for the one-per-launch row"),
+        ("--reader-images", defaults.reader_images, "images in the CSV file for the reader rows"),
         ("--repeats", defaults.repeats, "timed repeats per figure"),
     ):
         bench.add_argument(option, type=_positive_int, default=default, help=f"{what} (default {default})")

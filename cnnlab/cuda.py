@@ -10,6 +10,7 @@ them up with numpy while the later chunks are still on the device.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -288,16 +289,18 @@ class CudaContext:
         if self._context is None:
             return
         try:
-            self._free_lanes()
-            for allocation in self._device:
-                allocation.free()
-            for buffer in self._host:
-                buffer.base.free()
-            if self._host_partials is not None:
-                self._host_partials.base.free()
-            self._device, self._host, self._host_partials, self._chunk_done = [], [], None, []
-            self._conv = self._dense = self._module = None
+            # After a device fault the context is lost and the driver refuses every free: nothing is left to do.
+            with contextlib.suppress(self._driver.Error):
+                self._free_lanes()
+                for allocation in self._device:
+                    allocation.free()
+                for buffer in self._host:
+                    buffer.base.free()
+                if self._host_partials is not None:
+                    self._host_partials.base.free()
         finally:
+            self._lanes, self._device, self._host, self._host_partials, self._chunk_done = [], [], [], None, []
+            self._conv = self._dense = self._module = None
             self._context.pop()
             self._context.detach()
             self._context = None

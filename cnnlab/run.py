@@ -28,7 +28,8 @@ class RunStats:
     """What a run did: images, the seconds spent in compute(), and a note about the input if any."""
 
     images: int
-    work_seconds: float
+    work_seconds: float  # in compute() alone: the lab's "actual work"
+    loop_seconds: float  # the whole loop: reading, computing and writing, as they overlap
     batch_size: int
     trailing_data_line: int | None  # first line after the N-th matrix that holds data, if any
 
@@ -131,6 +132,7 @@ def run_network(backend: Backend, input_path: str | os.PathLike, output_path: st
         buffers = [backend.allocate_images(min(backend.batch_size, reader.count)) for _ in range(2)]
         progress = Progress(reader.count)
         work_seconds = 0.0
+        loop_start = time.perf_counter()
         try:
             with Prefetcher(reader, buffers) as batches:
                 for batch in batches:
@@ -139,7 +141,8 @@ def run_network(backend: Backend, input_path: str | os.PathLike, output_path: st
                     work_seconds += time.perf_counter() - start
                     output.write(outputs)
                     progress.update(reader.images_read)
+            loop_seconds = time.perf_counter() - loop_start
         finally:
             progress.finish()
         trailing = reader.trailing_data_line()
-    return RunStats(reader.count, work_seconds, len(buffers[0]), trailing)
+    return RunStats(reader.count, work_seconds, loop_seconds, len(buffers[0]), trailing)

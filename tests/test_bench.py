@@ -22,6 +22,17 @@ def test_bench_cpu_row_table_and_json(tmp_path: Path) -> None:
     assert float(line.split()[-3].replace(",", "")) == pytest.approx(figure["images_per_second"], rel=1e-6, abs=1)
 
 
+def test_bench_reader_rows_are_measured_against_loadtxt(tmp_path: Path) -> None:
+    result = cnnlab("bench", "--rows", "reader", "--reader-images", "3", "--repeats", "1", "--json", tmp_path / "b.json")
+    assert result.returncode == 0, result.stderr
+    figures = json.loads((tmp_path / "b.json").read_text())["figures"]
+    assert [figure["bound"] for figure in figures] == [None, "loadtxt", "loadtxt"]
+    loadtxt = figures[0]["bytes_per_second"]
+    for figure in figures[1:]:
+        assert figure["of_bound"] == pytest.approx(figure["bytes_per_second"] / loadtxt)
+    assert "numpy.loadtxt" in result.stdout and "MB/s" in result.stdout
+
+
 def test_ratios_come_from_the_figures() -> None:
     def figure(row: str, rate: float, bound: str | None = None, key: str | None = None) -> dict:
         return {"row": row, "name": row, "images_per_second": rate, "bound": bound, "key": key, "bytes_per_second": None}

@@ -104,12 +104,86 @@ def test_page_locked_pageable_and_resident_agree_exactly(rng: np.random.Generato
     assert_lab_close(from_pinned, cpu_outputs(cnn, images))
 
 
+@pytest.mark.parametrize(
+    "config",
+    [{"streams": 2}, {"streams": 3, "chunk_images": 7}, {"streams": 4, "chunk_images": 1}, {"streams": 3, "chunk_images": 64}],
+)
+def test_chunks_and_streams_never_change_a_bit(rng: np.random.Generator, config: dict[str, int]) -> None:
+    """Against the one-stream, one-chunk path: every output the same double."""
+    cnn = random_cnn(rng)
+    images = random_values(rng, 300, 100, 100)
+    with context(cnn, 300, streams=1, chunk_images=300) as gpu:
+        want = gpu.compute(ImageBatch(images)).values
+    with context(cnn, 300, **config) as gpu:
+        got = gpu.compute(ImageBatch(images)).values
+    assert (got.view(np.int64) == want.view(np.int64)).all()
+
+
 def test_too_large_a_chunk_falls_back_to_one_that_fits(rng: np.random.Generator) -> None:
     cnn = random_cnn(rng)
     images = random_values(rng, 50, 100, 100)
     with context(cnn, 50, chunk_images=50_000_000, streams=1) as gpu:  # ~5.6 TB of device buffers
-        assert gpu._chunk < 50_000_000
+        assert gpu.chunk_images < 50_000_000
         assert_lab_close(gpu.compute(ImageBatch(images)).values, cpu_outputs(cnn, images))
+
+
+def test_a_cap_on_device_bytes_gives_smaller_chunks_and_the_same_results(rng: np.random.Generator) -> None:
+    cnn = random_cnn(rng)
+    images = random_values(rng, 700, 100, 100)
+    with context(cnn, 700, streams=3) as gpu:
+        want = gpu.compute(ImageBatch(images)).values
+    with context(cnn, 700, streams=3, lane_bytes_cap=3 * 40 * 113_000) as gpu:  # room for 3 lanes of 40 images
+        assert gpu.chunk_images == 32
+        got = gpu.compute(ImageBatch(images)).values
+    assert (got == want).all()
+    assert_lab_close(got, cpu_outputs(cnn, images))
+
+
+def test_little_free_device_memory_gives_smaller_chunks_and_correct_results(rng: np.random.Generator) -> None:
+    """A ballast allocation leaves ~150 MB free: the default lanes (~175 MB) must shrink to fit."""
+    import pycuda.driver as driver
+
+    cnn = random_cnn(rng)
+    images = random_values(rng, 2000, 100, 100)
+    context_ = driver.Device(0).retain_primary_context()
+    context_.push()
+    try:
+        free, _ = driver.mem_get_info()
+        ballast = driver.mem_alloc(free - 150 * 2**20)
+        try:
+            with context(cnn) as gpu:
+                assert gpu.chunk_images < 512
+                got = gpu.compute(ImageBatch(images)).values
+        finally:
+            ballast.free()
+    finally:
+        context_.pop()
+    assert_lab_close(got, cpu_outputs(cnn, images))
+
+
+def test_a_failed_launch_is_a_one_line_device_error(tmp_path: Path) -> None:
+    """A kernel that faults (here: images at an address nobody allocated) ends in a DeviceError, not a crash."""
+    script = (
+        "import numpy as np\n"
+        "from cnnlab.cuda import CudaContext, DeviceImages\n"
+        "from cnnlab.errors import DeviceError\n"
+        "from cnnlab.network import Cnn\n"
+        "rng = np.random.default_rng()\n"
+        "cnn = Cnn(rng.uniform(-1, 1, (10, 5, 5)), rng.uniform(-1, 1, (10, 4000)))\n"
+        "try:\n"
+        "    with CudaContext(cnn) as gpu:\n"
+        "        gpu.compute_resident(DeviceImages(1 << 40, 1000))\n"
+        "except DeviceError as error:\n"
+        "    print(error)\n"
+    )
+    import subprocess
+    import sys
+
+    from test_cli import ROOT
+
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert result.stdout.startswith("CUDA error while computing: ") and result.stdout.count("\n") == 1, result.stdout
 
 
 @pytest.mark.parametrize("batch", [None, "1", "3"])
