@@ -1,35 +1,97 @@
 #!/usr/bin/env bash
-# Everything the GPU path needs checked, in one go, on a machine with a GPU (the lab's H100 through
-# the device tool): install PyCUDA from a wheelhouse, build the PTX, run every test (GPU ones
-# included), then the lab's bar and the benchmark. Logs and figures go to $OUT (default out/gpu).
-#   tools/gpu-check.sh [tests] [bar] [bench]     (default: all three)
+# Everything the GPU path needs checked, on a machine with a GPU (the lab's H100 through the device
+# tool): install the wheels in .wheelhouse (PyCUDA, pyarrow, hypothesis), build the PTX, then the
+# stages asked for. Logs and figures go to $OUT (default out/gpu); big files to $WORK (default /tmp).
+#   tools/gpu-check.sh [tests] [bench] [bar] [npy] [memory] [failrate] [long]   (default: all)
+#   tests     every test, GPU ones included
+#   bench     cnnlab bench, every row, with --json and --plot
+#   bar       10,000 CSV images: cpu and cuda agree (issue 3), and cuda's wall time against parsing alone (issue 5)
+#   npy       65,536 images in a .npy file in the page cache: the compute loop's rate (issue 5)
+#   memory    peak RSS of 2,000 and 20,000 images, cpu and cuda, CSV and .npy (issue 5)
+#   failrate  100,000 images: how many outputs fail the lab's comparison, cuda against cpu (issue 6)
+#   long      200,000 images from .npy through cuda: a long run's wall time, rate and memory (issue 6)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/gpu}
-mkdir -p "$OUT"
+WORK=${WORK:-/tmp}/cnnlab-gpu-check
+mkdir -p "$OUT" "$WORK"
 export PYTHONUNBUFFERED=1
-if ! python3 -c "import pycuda" 2>/dev/null; then
+if compgen -G ".wheelhouse/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .wheelhouse/*.whl
   export PYTHONPATH=/tmp/site:$PWD
 fi
 export PYTHONPATH=${PYTHONPATH:-$PWD}
-stages=${*:-tests bar bench}
+stages=${*:-tests bench bar npy memory failrate long}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
 python3 build.py --force || exit 2
+cnnlab() { python3 -m cnnlab "$@"; }
+timed() { /usr/bin/time -f "$1: wall %e s, peak RSS %M KB" "${@:2}"; }
+random_npy() {  # random_npy PATH N: N fresh images, uniform in [-10, 10], written in blocks
+  python3 -c "
+import sys, numpy as np
+n = int(sys.argv[2]); rng = np.random.default_rng()
+out = np.lib.format.open_memmap(sys.argv[1], 'w+', np.float64, (n, 100, 100))
+for s in range(0, n, 4096): out[s:s + 4096] = rng.uniform(-10, 10, (min(4096, n - s), 100, 100))
+out.flush()" "$1" "$2"
+}
 status=0
 for stage in $stages; do
+  echo "== $stage" | tee -a "$OUT/stages.log"
   case $stage in
     tests)
       python3 -m pytest -q -rs -p no:cacheprovider tests 2>&1 | tee "$OUT/tests.log" || status=1 ;;
-    bar)  # issue 3's bar: 10,000 generated images, cuda against cpu under the lab's rule
-      work=$(mktemp -d)
-      python3 -m cnnlab generate --images 10000 --seed 459 --out-dir "$work"
-      for mode in cpu cuda; do
-        /usr/bin/time -f "$mode wall %e s, peak RSS %M KB" python3 -m cnnlab $mode "$work/cnn.csv" "$work/in.csv" "$work/out_$mode.csv"
-      done 2>&1 | tee "$OUT/bar.log"
-      python3 -m cnnlab compare "$work/out_cpu.csv" "$work/out_cuda.csv" 2>&1 | tee -a "$OUT/bar.log" || status=1 ;;
     bench)
-      python3 -m cnnlab bench --json "$OUT/bench.json" --plot "$OUT/bench.png" 2>&1 | tee "$OUT/bench.log" || status=1 ;;
+      cnnlab bench --json "$OUT/bench.json" --plot "$OUT/bench.png" 2>&1 | tee "$OUT/bench.log" || status=1 ;;
+    bar)
+      cnnlab generate --images 10000 --seed 459 --out-dir "$WORK/bar"
+      {
+        timed "parse only" python3 -c "
+import sys, numpy as np
+from cnnlab.files import CsvImageReader
+with CsvImageReader(sys.argv[1]) as reader:
+    buffer = np.empty((reader.step, 100, 100))
+    while reader.read_into(buffer): pass" "$WORK/bar/in.csv"
+        for mode in cpu cuda; do
+          timed "$mode" python3 -m cnnlab $mode "$WORK/bar/cnn.csv" "$WORK/bar/in.csv" "$WORK/bar/out_$mode.csv" --timing-json "$OUT/bar_$mode.json"
+        done
+        cnnlab compare "$WORK/bar/out_cpu.csv" "$WORK/bar/out_cuda.csv"
+      } 2>&1 | tee "$OUT/bar.log" || status=1
+      rm -rf "$WORK/bar" ;;
+    npy)
+      cnnlab generate --images 1 --out-dir "$WORK/npy"
+      random_npy "$WORK/npy/in.npy" 65536
+      cat "$WORK/npy/in.npy" > /dev/null  # in the page cache
+      for run in 1 2 3; do
+        timed "cuda npy run $run" python3 -m cnnlab cuda "$WORK/npy/cnn.csv" "$WORK/npy/in.npy" "$WORK/npy/out.npy" --timing-json "$OUT/npy_$run.json"
+        python3 -c "import json, sys; f = json.load(open(sys.argv[1])); print('loop', f['loop_seconds'], 's,', round(f['loop_images_per_second']), 'images/s; compute', f['work_seconds'], 's')" "$OUT/npy_$run.json"
+      done 2>&1 | tee "$OUT/npy.log" || status=1
+      rm -rf "$WORK/npy" ;;
+    memory)
+      cnnlab generate --images 2000 --out-dir "$WORK/mem"
+      (echo 20000; for _ in $(seq 10); do tail -n +2 "$WORK/mem/in.csv"; done) > "$WORK/mem/in20k.csv"
+      cnnlab convert "$WORK/mem/in.csv" "$WORK/mem/in.npy"
+      random_npy "$WORK/mem/in20k.npy" 20000
+      for mode in cpu cuda; do
+        for input in in.csv in20k.csv in.npy in20k.npy; do
+          timed "$mode $input" python3 -m cnnlab $mode "$WORK/mem/cnn.csv" "$WORK/mem/$input" "$WORK/mem/out.csv" >/dev/null
+        done
+      done 2>&1 | tee "$OUT/memory.log" || status=1
+      rm -rf "$WORK/mem" ;;
+    failrate)
+      cnnlab generate --images 1 --out-dir "$WORK/fail"
+      random_npy "$WORK/fail/in.npy" 100000
+      for mode in cpu cuda; do
+        timed "$mode" python3 -m cnnlab $mode "$WORK/fail/cnn.csv" "$WORK/fail/in.npy" "$WORK/fail/out_$mode.npy"
+      done 2>&1 | tee "$OUT/failrate.log"
+      cnnlab compare "$WORK/fail/out_cpu.npy" "$WORK/fail/out_cuda.npy" 2>&1 | tee -a "$OUT/failrate.log"
+      rm -rf "$WORK/fail" ;;
+    long)
+      cnnlab generate --images 1 --out-dir "$WORK/long"
+      random_npy "$WORK/long/in.npy" 200000
+      timed "cuda, 200,000 images" python3 -m cnnlab cuda "$WORK/long/cnn.csv" "$WORK/long/in.npy" "$WORK/long/out.npy" \
+        --timing-json "$OUT/long.json" 2>&1 | tee "$OUT/long.log" || status=1
+      cat "$OUT/long.json" | tee -a "$OUT/long.log"
+      rm -rf "$WORK/long" ;;
   esac
 done
 exit $status
