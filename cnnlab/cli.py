@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from cnnlab.errors import CnnlabError, UsageError
+from cnnlab.errors import CnnlabError, DeviceLostError, UsageError
 from cnnlab.files import AtomicOutput, read_cnn, refuse_same_file
 from cnnlab.network import Backend, Cnn
 from cnnlab.resources import resource_dir
@@ -250,6 +250,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         return args.handler(args)
+    except DeviceLostError as error:
+        print(f"cnnlab: {error}", file=sys.stderr)
+        # Leave without running destructors: PyCUDA would print a warning for every object it can
+        # no longer free in the lost context, and there is nothing left to clean up (the output's
+        # temporary file is already gone).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(2)
     except CnnlabError as error:
         print(f"cnnlab: {error}", file=sys.stderr)
         return 2

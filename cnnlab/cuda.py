@@ -10,7 +10,6 @@ them up with numpy while the later chunks are still on the device.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from cnnlab.errors import DeviceError
+from cnnlab.errors import DeviceError, DeviceLostError
 from cnnlab.network import (
     CONV_OUT_DIM,
     IMAGE_BYTES,
@@ -75,7 +74,18 @@ def _device_errors(what: str) -> Iterator[None]:
         yield
     except driver.Error as error:
         detail = " ".join(str(error).split())
-        raise DeviceError(f"{what}: {detail}") from None
+        raise (DeviceLostError if _context_lost(driver) else DeviceError)(f"{what}: {detail}") from None
+
+
+def _context_lost(driver: Any) -> bool:
+    """Whether the current context has hit an error it cannot recover from (every later call fails)."""
+    if driver.Context.get_current() is None:
+        return False
+    try:
+        driver.Context.synchronize()
+    except driver.Error:
+        return True
+    return False
 
 
 @dataclass
@@ -285,12 +295,14 @@ class CudaContext:
         self._lanes = []
 
     def close(self) -> None:
-        """Free device memory, then page-locked memory, the module and streams, and the context last."""
+        """Free device memory, then page-locked memory, the module and streams, and the context last.
+
+        In a lost context every free fails, so nothing is freed: the process's end takes it all.
+        """
         if self._context is None:
             return
         try:
-            # After a device fault the context is lost and the driver refuses every free: nothing is left to do.
-            with contextlib.suppress(self._driver.Error):
+            if not _context_lost(self._driver):
                 self._free_lanes()
                 for allocation in self._device:
                     allocation.free()
@@ -298,9 +310,9 @@ class CudaContext:
                     buffer.base.free()
                 if self._host_partials is not None:
                     self._host_partials.base.free()
+                self._lanes, self._device, self._host, self._host_partials, self._chunk_done = [], [], [], None, []
+                self._conv = self._dense = self._module = None
         finally:
-            self._lanes, self._device, self._host, self._host_partials, self._chunk_done = [], [], [], None, []
-            self._conv = self._dense = self._module = None
             self._context.pop()
             self._context.detach()
             self._context = None

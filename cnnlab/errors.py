@@ -30,3 +30,7 @@ class OutputFileError(CnnlabError):
 
 class DeviceError(CnnlabError):
     """The GPU path cannot run: no pycuda, no driver or device, no PTX, or a failed launch."""
+
+
+class DeviceLostError(DeviceError):
+    """The device faulted (a failed launch) or went away: its context and all in it are lost to this process."""

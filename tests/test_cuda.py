@@ -161,29 +161,34 @@ def test_little_free_device_memory_gives_smaller_chunks_and_correct_results(rng:
     assert_lab_close(got, cpu_outputs(cnn, images))
 
 
-def test_a_failed_launch_is_a_one_line_device_error(tmp_path: Path) -> None:
-    """A kernel that faults (here: images at an address nobody allocated) ends in a DeviceError, not a crash."""
+def test_a_failed_launch_is_one_line_and_leaves_no_output(tmp_path: Path, rng: np.random.Generator) -> None:
+    """The real CLI, with a kernel that faults (its images at an address nobody allocated) on the second batch."""
+    cnn_path, input_path = write_files(tmp_path, random_cnn(rng), random_values(rng, 9, 100, 100))
+    (tmp_path / "out.csv").write_text("old\n")
     script = (
-        "import numpy as np\n"
+        "import sys\n"
+        "from cnnlab import cli\n"
         "from cnnlab.cuda import CudaContext, DeviceImages\n"
-        "from cnnlab.errors import DeviceError\n"
-        "from cnnlab.network import Cnn\n"
-        "rng = np.random.default_rng()\n"
-        "cnn = Cnn(rng.uniform(-1, 1, (10, 5, 5)), rng.uniform(-1, 1, (10, 4000)))\n"
-        "try:\n"
-        "    with CudaContext(cnn) as gpu:\n"
-        "        gpu.compute_resident(DeviceImages(1 << 40, 1000))\n"
-        "except DeviceError as error:\n"
-        "    print(error)\n"
+        "compute = CudaContext.compute\n"
+        "calls = []\n"
+        "def faulty(self, batch):\n"
+        "    calls.append(1)\n"
+        "    return compute(self, batch) if len(calls) == 1 else self.compute_resident(DeviceImages(1 << 40, len(batch)))\n"
+        "CudaContext.compute = faulty\n"
+        "sys.exit(cli.main(sys.argv[1:]))\n"
     )
     import subprocess
     import sys
 
     from test_cli import ROOT
 
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert result.returncode == 0 and result.stderr == "", result.stderr
-    assert result.stdout.startswith("CUDA error while computing: ") and result.stdout.count("\n") == 1, result.stdout
+    command = [sys.executable, "-c", script, "cuda", cnn_path, input_path, tmp_path / "out.csv", "--batch", "4"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("cnnlab: CUDA error while computing: ") and result.stderr.count("\n") == 1, result.stderr
+    assert "illegal" in result.stderr and result.stdout == ""
+    assert (tmp_path / "out.csv").read_text() == "old\n"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["cnn.csv", "in.csv", "out.csv"]
 
 
 @pytest.mark.parametrize("batch", [None, "1", "3"])
