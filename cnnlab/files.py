@@ -229,8 +229,6 @@ class CsvImageReader:
     each (Arrow releases the GIL), `threads` at once.
     """
 
-    step = 4 * PARSE_IMAGES  # images per read_into() call that a reader thread makes
-
     def __init__(self, path: str | os.PathLike, threads: int | None = None) -> None:
         self.path = path
         self._file = open_for_reading(path)
@@ -241,7 +239,9 @@ class CsvImageReader:
             self._file.close()
             raise
         self.images_read = 0
-        self._pool = ThreadPoolExecutor(threads or os.cpu_count() or 1, thread_name_prefix="cnnlab-parse")
+        threads = threads or os.cpu_count() or 1
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="cnnlab-parse")
+        self.step = PARSE_IMAGES * threads  # images per read_into() call that keep every thread busy
 
     def _read_count(self) -> int:
         first = self._source.next_line()

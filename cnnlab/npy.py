@@ -58,7 +58,7 @@ class NpyImageReader:
             raise InputFileError(path, f"holds an array of shape {shape}; input images must be (N, {INPUT_DIM}, {INPUT_DIM}), N >= 1")
         self.count = shape[0]
         self.images_read = 0
-        self._pool = ThreadPoolExecutor(min(8, os.cpu_count() or 1), thread_name_prefix="cnnlab-npy")
+        self._pool = ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="cnnlab-npy")
 
     def read_into(self, out: np.ndarray) -> int:
         """Copy the next images into the leading images of `out`; return how many."""
