@@ -55,6 +55,8 @@ class BenchOptions:
     repeats: int = 5
     rows: tuple[str, ...] = ROWS
     sweep: tuple[int, ...] = ()  # batch sizes for the plot
+    chunk_images: int | None = None  # the CUDA context's chunk and stream count; None: LaunchConfig's
+    streams: int | None = None
 
 
 def median_rate(images: int, run: Callable[[], object], repeats: int) -> float:
@@ -115,7 +117,10 @@ def bench_cuda(
     cnn: Cnn, options: BenchOptions, rng: np.random.Generator, sweep: dict[str, list[list[float]]]
 ) -> tuple[list[Figure], str]:
     """The GPU rows and the device's name; raises CnnlabError when there is no usable GPU."""
-    from cnnlab.cuda import CudaContext, DeviceImages
+    from cnnlab.cuda import CudaContext, DeviceImages, LaunchConfig
+
+    chosen = {"chunk_images": options.chunk_images, "streams": options.streams}
+    config = LaunchConfig(**{key: value for key, value in chosen.items() if value is not None})
 
     figures = []
     if "lab" in options.rows:
@@ -126,7 +131,7 @@ def bench_cuda(
         figures.append(Figure("lab", "cuda, one image per launch (the lab's scheme)", rate))
     if not {"pinned", "resident", "bounds"} & set(options.rows) and not options.sweep:
         return figures, context.device
-    with CudaContext(cnn, batch_size=options.images) as context:
+    with CudaContext(cnn, batch_size=options.images, config=config) as context:
         host = context.allocate_images(options.images)
         host[:] = random_values(rng, options.images, INPUT_DIM, INPUT_DIM)
         batch = ImageBatch(host)

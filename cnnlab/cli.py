@@ -145,7 +145,9 @@ def _bench(args: argparse.Namespace) -> int:
     if unknown:
         raise UsageError(f"unknown bench rows {', '.join(sorted(unknown))}; choose from {','.join(BenchOptions.rows)}")
     sweep = (1, 16, 256, 4096, args.images) if args.plot else ()
-    options = BenchOptions(args.images, args.cpu_images, args.lab_images, args.reader_images, args.repeats, rows, sweep)
+    options = BenchOptions(
+        args.images, args.cpu_images, args.lab_images, args.reader_images, args.repeats, rows, sweep, args.chunk_images, args.streams
+    )
     report = run_bench(options, args.seed)
     print(format_table(report))
     write_report(report, args.json, args.plot)
@@ -230,6 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
     all_rows = ",".join(defaults.rows)
     bench.add_argument("--rows", default=all_rows, help=f"comma-separated rows to run (default all: {all_rows})")
     bench.add_argument("--seed", type=int, help="random seed for the data")
+    bench.add_argument("--chunk-images", type=_positive_int, help="images per chunk on the GPU (default: the backend's)")
+    bench.add_argument("--streams", type=_positive_int, help="CUDA streams (default: the backend's)")
     bench.add_argument("--json", metavar="PATH", help="write every number, the device and versions as JSON")
     bench.add_argument("--plot", metavar="PNG", help="draw images/s against batch size (needs matplotlib)")
     bench.set_defaults(handler=_bench)

@@ -173,7 +173,7 @@ def test_a_failed_launch_is_one_line_and_leaves_no_output(tmp_path: Path, rng: n
         "calls = []\n"
         "def faulty(self, batch):\n"
         "    calls.append(1)\n"
-        "    return compute(self, batch) if len(calls) == 1 else self.compute_resident(DeviceImages(1 << 40, len(batch)))\n"
+        "    return compute(self, batch) if len(calls) == 1 else self.compute_resident(DeviceImages(1 << 62, len(batch)))\n"
         "CudaContext.compute = faulty\n"
         "sys.exit(cli.main(sys.argv[1:]))\n"
     )

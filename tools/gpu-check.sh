@@ -10,6 +10,7 @@
 #   memory    peak RSS of 2,000 and 20,000 images, cpu and cuda, CSV and .npy (issue 5)
 #   failrate  100,000 images: how many outputs fail the lab's comparison, cuda against cpu (issue 6)
 #   long      200,000 images from .npy through cuda: a long run's wall time, rate and memory (issue 6)
+#   sweep     the page-locked row against the copy bound for a few chunk sizes and stream counts
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/gpu}
@@ -85,6 +86,12 @@ with CsvImageReader(sys.argv[1]) as reader:
       done 2>&1 | tee "$OUT/failrate.log"
       cnnlab compare "$WORK/fail/out_cpu.npy" "$WORK/fail/out_cuda.npy" 2>&1 | tee -a "$OUT/failrate.log"
       rm -rf "$WORK/fail" ;;
+    sweep)
+      for config in "512 3" "1024 3" "2048 3" "512 4" "1024 4" "256 6"; do
+        set -- $config
+        echo "chunk $1, streams $2"
+        cnnlab bench --rows pinned,bounds --chunk-images "$1" --streams "$2" --repeats 5
+      done 2>&1 | tee "$OUT/sweep.log" || status=1 ;;
     long)
       cnnlab generate --images 1 --out-dir "$WORK/long"
       random_npy "$WORK/long/in.npy" 200000
