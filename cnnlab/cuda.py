@@ -35,6 +35,7 @@ CONV_THREADS = 160  # CONV_BANDS_PER_BLOCK * CONV_OUT_DIM in kernel.cu
 CONV_BANDS_PER_BLOCK = 8
 DENSE_MAX_THREADS = 1024
 BLOCKS_PER_SM = 8  # grid-stride kernels: enough resident blocks to hide memory latency
+DEFAULT_BATCH_IMAGES = 2048
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class LaunchConfig:
     """How the work is spread: lanes (streams), images per chunk, partials per output, grid sizes."""
 
     streams: int = 3
-    chunk_images: int = 512  # device buffers hold one chunk per lane
+    chunk_images: int = 2048  # the most images a lane's device buffers hold
     segments: int = 4  # partial sums per output: flattened_to_dense's gridDim.y
     dense_threads: int = 256
     conv_blocks: int | None = None  # None: sized to the device
@@ -115,9 +116,10 @@ class CudaContext:
 
     def __init__(self, cnn: Cnn, batch_size: int | None = None, config: LaunchConfig | None = None) -> None:
         self.config = config or LaunchConfig()
-        # Four chunks a batch: lanes stay busy, and the run's two host buffers stay small (~330 MB).
-        self.batch_size = batch_size or self.config.chunk_images * 4
-        self._chunk = min(self.config.chunk_images, self.batch_size)
+        # The command line's batches: the run's two page-locked buffers stay at ~330 MB.
+        self.batch_size = batch_size or DEFAULT_BATCH_IMAGES
+        # A batch is spread over every lane, so that even one batch overlaps copies with kernels.
+        self._chunk = min(self.config.chunk_images, math.ceil(self.batch_size / self.config.streams))
         self._driver = driver = _import_driver()
         ptx = ensure_ptx()
         self._context = None

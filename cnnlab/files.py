@@ -11,13 +11,12 @@ import os
 import re
 import tempfile
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import IO, Any, BinaryIO
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.csv as pa_csv
+import polars
 
 from cnnlab.errors import InputFileError, OutputFileError
 from cnnlab.network import (
@@ -62,8 +61,8 @@ def open_for_reading(path: str | os.PathLike) -> BinaryIO:
 class LineSource:
     """The non-blank lines of a text file, numbered from 1, with line ends (LF or CRLF) removed.
 
-    The file is read in large blocks split at C speed, which makes walking the lines a small
-    part of the cost of parsing them.
+    The file is read in large blocks, split into lines and sifted of blank ones at C speed, which
+    makes walking the lines a small part of the cost of parsing them.
     """
 
     BLOCK_BYTES = 1 << 22
@@ -72,24 +71,34 @@ class LineSource:
     def __init__(self, path: str | os.PathLike, file: BinaryIO) -> None:
         self.path = path
         self._file = file
-        self.line_number = 0  # the number of the last line taken
-        self._lines: list[bytes] = []  # complete lines read from the file, not yet taken
-        self._next = 0  # index into _lines of the next line to take
+        self.line_number = 0  # the last line taken; at the end of the file, its last line
+        self._lines: list[bytes] = []  # non-blank lines read from the file, not yet taken
+        self._numbers: list[int] = []  # their line numbers
+        self._next = 0  # index of the next line to take
+        self._lines_read = 0  # lines split off so far, blank ones included
         self._tail = b""  # the start of a line whose end has not been read yet
 
     def _fill(self) -> bool:
-        """Read the next block's complete lines into _lines; False at the end of the file."""
+        """Read the next block's complete lines; False at the end of the file."""
         data = self._file.read(self.BLOCK_BYTES)
-        if not data:
-            if not self._tail:
-                return False
-            lines, self._tail = [self._tail], b""
-        else:
-            lines = (self._tail + data).split(b"\n")
+        if not data and not self._tail:
+            return False
+        text, self._tail = self._tail + data, b""
+        lines = text.split(b"\n")
+        if data:  # the last piece may be the start of a line that the next block ends
             self._tail = lines.pop()
             if len(self._tail) > MAX_LINE_BYTES:  # refused before more of it is read into memory
-                raise InputFileError(self.path, self._LONG, self.line_number + len(self._lines) - self._next + len(lines) + 1)
+                raise InputFileError(self.path, self._LONG, self._lines_read + len(lines) + 1)
+        if max(map(len, lines), default=0) > MAX_LINE_BYTES:
+            first_long = next(index for index, line in enumerate(lines) if len(line) > MAX_LINE_BYTES)
+            raise InputFileError(self.path, self._LONG, self._lines_read + first_long + 1)
+        numbers = [number for number, line in enumerate(lines, self._lines_read + 1) if line.strip()]
+        self._lines_read += len(lines)
+        lines = [line for line in lines if line.strip()]
+        if b"\r" in text:
+            lines = [line.rstrip(b"\r") for line in lines]
         self._lines = self._lines[self._next :] + lines
+        self._numbers = self._numbers[self._next :] + numbers
         self._next = 0
         return True
 
@@ -100,17 +109,12 @@ class LineSource:
 
     def take(self, count: int) -> list[NumberedLine]:
         """The next `count` non-blank lines; fewer only where the file ends first."""
-        taken: list[NumberedLine] = []
-        while len(taken) < count:
-            if self._next == len(self._lines) and not self._fill():
-                break
-            line = self._lines[self._next]
-            self._next += 1
-            self.line_number += 1
-            if len(line) > MAX_LINE_BYTES:
-                raise InputFileError(self.path, self._LONG, self.line_number)
-            if line.strip():
-                taken.append((self.line_number, line.rstrip(b"\r")))
+        while len(self._lines) - self._next < count and self._fill():
+            pass
+        end = min(self._next + count, len(self._lines))
+        taken = list(zip(self._numbers[self._next : end], self._lines[self._next : end]))
+        self._next = end
+        self.line_number = taken[-1][0] if len(taken) == count and taken else self._lines_read
         return taken
 
 
@@ -118,7 +122,7 @@ def parse_rows(path: str | os.PathLike, lines: list[NumberedLine], width: int, o
     """Parse `lines`, each of `width` comma-separated finite numbers, into the flat array `out`.
 
     Every value is the double that Python's float() gives for its text (correctly rounded), but
-    underscores, which the lab's Rust reader refused, are refused too. Arrow's CSV reader converts
+    underscores, which the lab's Rust reader refused, are refused too. Polars' CSV reader converts
     the block (exactly: it rounds correctly, as float() does); only when it finds anything amiss
     are the lines walked one by one, to name the first bad line and value.
     """
@@ -126,7 +130,7 @@ def parse_rows(path: str | os.PathLike, lines: list[NumberedLine], width: int, o
     if _parse_block(block, len(lines), width, out.reshape(len(lines), width)):
         return
     check_lines(path, lines, width)
-    # No line is bad, so Arrow refused a spelling that float() accepts: convert value by value.
+    # No line is bad, so Polars refused a spelling that float() accepts: convert value by value.
     out[:] = [float(field) for _, line in lines for field in line.split(b",")]
 
 
@@ -135,29 +139,21 @@ _TEXT_BYTES = bytes([9, 10, *range(0x20, 0x7F)])
 
 
 @functools.cache
-def _arrow_options(width: int) -> tuple[Any, Any, Any]:
-    names = [str(column) for column in range(width)]
-    return (
-        # Arrow's own thread pool stays unused: its threads can abort the process at exit (apache/arrow#34314).
-        pa_csv.ReadOptions(column_names=names, use_threads=False),
-        pa_csv.ParseOptions(quote_char=False),
-        pa_csv.ConvertOptions(column_types=dict.fromkeys(names, pa.float64())),
-    )
+def _schema(width: int) -> dict[str, Any]:
+    return {str(column): polars.Float64 for column in range(width)}
 
 
 def _parse_block(block: bytes, rows: int, width: int, grid: np.ndarray) -> bool:
-    """Fill `grid` (rows, width) from the block with Arrow; False if anything in it is not plainly valid."""
+    """Fill `grid` (rows, width) from the block with Polars; False if anything in it is not plainly valid."""
     if block.translate(None, _TEXT_BYTES) or b"_" in block:
         return False
-    read_options, parse_options, convert_options = _arrow_options(width)
     try:
-        table = pa_csv.read_csv(pa.py_buffer(block), read_options, parse_options, convert_options)
-    except pa.ArrowInvalid:
+        frame = polars.read_csv(block, has_header=False, schema=_schema(width), quote_char=None)
+    except polars.exceptions.PolarsError:
         return False
-    if table.num_rows != rows or any(column.null_count for column in table.columns):
+    if frame.shape != (rows, width) or frame.null_count().sum_horizontal().item():
         return False
-    for index, column in enumerate(table.columns):
-        grid[:, index] = column.to_numpy()
+    grid[:] = frame.to_numpy()
     return bool(np.isfinite(grid).all())
 
 
@@ -226,7 +222,7 @@ class CsvImageReader:
 
     The first line holds N; then come N matrices of 100 lines of 100 values. Blank lines anywhere
     are ignored, as the lab's reader did. Blocks of PARSE_IMAGES images are parsed on a thread
-    each (Arrow releases the GIL), `threads` at once.
+    each (Polars releases the GIL), `threads` at once.
     """
 
     def __init__(self, path: str | os.PathLike, threads: int | None = None) -> None:
@@ -261,24 +257,30 @@ class CsvImageReader:
     def read_into(self, out: np.ndarray) -> int:
         """Fill the leading images of `out` (shape (n, 100, 100)) with the next images; return how many."""
         wanted = max(0, min(len(out), self.count - self.images_read))
-        blocks = []
-        for first in range(0, wanted, PARSE_IMAGES):
-            images = min(PARSE_IMAGES, wanted - first)
-            lines = self._source.take(images * INPUT_DIM)
-            if len(lines) < images * INPUT_DIM:
-                self._parse(blocks)  # a bad line before the end is the error to report
-                self.images_read += first
-                check_lines(self.path, lines, INPUT_DIM)
-                self._raise_truncated(len(lines))
-            blocks.append((lines, out[first : first + images].reshape(-1)))
-        self._parse(blocks)
+        parsing: list[Future[None]] = []  # each block is parsed while the next one's lines are read
+        try:
+            for first in range(0, wanted, PARSE_IMAGES):
+                images = min(PARSE_IMAGES, wanted - first)
+                lines = self._source.take(images * INPUT_DIM)
+                if len(lines) < images * INPUT_DIM:
+                    self._finish(parsing)  # a bad line before the end is the error to report
+                    self.images_read += first
+                    check_lines(self.path, lines, INPUT_DIM)
+                    self._raise_truncated(len(lines))
+                block = out[first : first + images].reshape(-1)
+                parsing.append(self._pool.submit(parse_rows, self.path, lines, INPUT_DIM, block))
+            self._finish(parsing)
+        finally:
+            wait(parsing)  # never return while a thread still writes into `out`
         self.images_read += wanted
         return wanted
 
-    def _parse(self, blocks: list[tuple[list[NumberedLine], np.ndarray]]) -> None:
-        """Parse each block of lines into its array, in parallel; raise the first block's error, if any."""
-        for _ in self._pool.map(lambda block: parse_rows(self.path, block[0], INPUT_DIM, block[1]), blocks):
-            pass
+    @staticmethod
+    def _finish(parsing: list[Future[None]]) -> None:
+        """Wait for every block; raise the error of the first bad one, if any."""
+        wait(parsing)
+        for future in parsing:
+            future.result()
 
     def _raise_truncated(self, lines_read: int) -> None:
         complete = self.images_read + lines_read // INPUT_DIM

@@ -47,7 +47,9 @@ def test_csv_values_are_the_doubles_float_gives(tmp_path: Path, rng: np.random.G
     assert (got.view(np.int64) == want.view(np.int64)).all()
 
 
-def test_values_arrow_refuses_still_convert_exactly(tmp_path: Path, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_values_the_fast_parser_declines_still_convert_exactly(
+    tmp_path: Path, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The value-by-value path (taken where the fast one declines a block) gives the same doubles."""
     images = awkward_values(rng, (2, 100, 100))
     _, path = write_files(tmp_path, random_cnn(rng), images)

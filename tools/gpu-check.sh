@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU path needs checked, on a machine with a GPU (the lab's H100 through the device
-# tool): install the wheels in .wheelhouse (PyCUDA, pyarrow, hypothesis), build the PTX, then the
+# tool): install the wheels in .wheelhouse (PyCUDA, polars, hypothesis), build the PTX, then the
 # stages asked for. Logs and figures go to $OUT (default out/gpu); big files to $WORK (default /tmp).
 #   tools/gpu-check.sh [tests] [bench] [bar] [npy] [memory] [failrate] [long]   (default: all)
 #   tests     every test, GPU ones included
@@ -87,10 +87,10 @@ with CsvImageReader(sys.argv[1]) as reader:
       cnnlab compare "$WORK/fail/out_cpu.npy" "$WORK/fail/out_cuda.npy" 2>&1 | tee -a "$OUT/failrate.log"
       rm -rf "$WORK/fail" ;;
     sweep)
-      for config in "512 3" "1024 3" "2048 3" "512 4" "1024 4" "256 6"; do
+      for config in "512 3" "2048 3" "512 3" "2048 3" "1024 3" "2048 4"; do
         set -- $config
         echo "chunk $1, streams $2"
-        cnnlab bench --rows pinned,bounds --chunk-images "$1" --streams "$2" --repeats 5
+        cnnlab bench --rows pinned,bounds --chunk-images "$1" --streams "$2" --repeats 9
       done 2>&1 | tee "$OUT/sweep.log" || status=1 ;;
     long)
       cnnlab generate --images 1 --out-dir "$WORK/long"
