@@ -83,7 +83,7 @@ def _run(args: argparse.Namespace) -> int:
         refuse_same_file(args.timing_json, cnn_path, input_path, output_path)
     cnn = read_cnn(cnn_path)
     with make_backend(args.mode, cnn, args.batch) as backend:
-        stats = run_network(backend, input_path, output_path)
+        stats = run_network(backend, input_path, output_path, read_ahead=not args.no_read_ahead)
         device = backend.device
     _warn_trailing(input_path, stats.images, stats.trailing_data_line)
     print(f"{stats.work_microseconds} microseconds of actual work done")
@@ -171,6 +171,11 @@ def build_parser() -> argparse.ArgumentParser:
         run.add_argument("files", nargs="*", metavar="FILE", help="CNN_FILE INPUT_FILE OUTPUT_FILE")
         run.add_argument("--batch", type=_positive_int, help="images per compute call (default: sized to the backend)")
         run.add_argument("--timing-json", metavar="PATH", help="also write the run's figures as JSON")
+        run.add_argument(
+            "--no-read-ahead",
+            action="store_true",
+            help="read each batch only while nothing computes: slower overall, but the timed work has the cores to itself",
+        )
         run.set_defaults(handler=_run, mode=mode)
 
     gen = commands.add_parser(

@@ -126,10 +126,16 @@ class Prefetcher:
         self.close()
 
 
-def run_network(backend: Backend, input_path: str | os.PathLike, output_path: str | os.PathLike) -> RunStats:
-    """Compute the outputs of every image in `input_path` and write them to `output_path`."""
+def run_network(
+    backend: Backend, input_path: str | os.PathLike, output_path: str | os.PathLike, read_ahead: bool = True
+) -> RunStats:
+    """Compute the outputs of every image in `input_path` and write them to `output_path`.
+
+    Without `read_ahead` the reader has one buffer, so it reads a batch only while nothing computes:
+    slower, but the timed work then has the machine to itself, as in the lab's program.
+    """
     with open_images(input_path) as reader, open_outputs(output_path, reader.count) as output:
-        buffers = [backend.allocate_images(min(backend.batch_size, reader.count)) for _ in range(2)]
+        buffers = [backend.allocate_images(min(backend.batch_size, reader.count)) for _ in range(2 if read_ahead else 1)]
         progress = Progress(reader.count)
         work_seconds = 0.0
         loop_start = time.perf_counter()

@@ -133,15 +133,15 @@ class RecordingBackend(CpuBackend):
         return super().compute(batch)
 
 
-@pytest.mark.parametrize("name", ["in.csv", "in.npy"])
-def test_pipeline_keeps_input_order(tmp_path: Path, rng: np.random.Generator, name: str) -> None:
+@pytest.mark.parametrize("name, read_ahead", [("in.csv", True), ("in.npy", True), ("in.csv", False)])
+def test_pipeline_keeps_input_order(tmp_path: Path, rng: np.random.Generator, name: str, read_ahead: bool) -> None:
     cnn = random_cnn(rng)
     images = random_values(rng, 23, 100, 100)
     _, csv_path = write_files(tmp_path, cnn, images)
     if name == "in.npy":
         np.save(tmp_path / name, images)
     with RecordingBackend(cnn, batch_size=3) as backend:
-        run_network(backend, tmp_path / name, tmp_path / "out.csv")
+        run_network(backend, tmp_path / name, tmp_path / "out.csv", read_ahead)
         want = CpuBackend.compute(backend, ImageBatch(images)).values
     assert backend.firsts == images[::3, 0, 0].tolist()
     assert read_outputs(tmp_path / "out.csv") == want.tolist()
