@@ -72,6 +72,7 @@ class NpyImageReader:
         window.madvise(mmap.MADV_SEQUENTIAL)
         images = np.frombuffer(window, DTYPE, count * INPUT_DIM * INPUT_DIM, start - aligned)
         self._copy(images.reshape(count, INPUT_DIM, INPUT_DIM), out[:count])
+        window.madvise(mmap.MADV_DONTNEED)  # the copied pages leave this process now, not when the map goes
         self.images_read += count
         return count
 

@@ -186,3 +186,44 @@ def test_random_corruption_is_a_result_or_one_line(
     else:
         assert status == 2 and captured.err.startswith("cnnlab: ") and captured.err.count("\n") == 1, captured.err
         assert not output.exists()
+
+
+def _peak_rss_kb(*args: str | os.PathLike) -> int:
+    """Peak resident memory of a `cnnlab` run in a fresh process: its VmHWM, which (unlike ru_maxrss,
+    which keeps the parent's figure across fork and exec) counts only what the run itself touched."""
+    script = (
+        "import re, sys\nfrom cnnlab import cli\nstatus = cli.main(sys.argv[1:])\n"
+        "print(re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read())[1])\nsys.exit(status)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    result = subprocess.run([sys.executable, "-c", script, *map(str, args)], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return int(result.stdout.split()[-1])
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads peak memory from Linux's /proc")
+@pytest.mark.parametrize("kind, small, large", [("csv", 1000, 5000), ("npy", 1500, 6000)])
+def test_peak_memory_does_not_grow_with_the_number_of_images(
+    tmp_path: Path, rng: np.random.Generator, kind: str, small: int, large: int
+) -> None:
+    """Memory is a few batches, not N: four or five times the images, under 10% more peak memory.
+
+    Past the first thousand images, that is: the allocators' pools grow for a while before they
+    level off. This is the cpu mode; the GPU check (tools/gpu-check.sh memory) compares 2,000 and
+    20,000 images in both modes.
+    """
+    cnn_path, one = write_files(tmp_path, random_cnn(rng), random_values(rng, 1, 100, 100))
+    peaks = []
+    for count in (small, large):
+        path = tmp_path / f"in{count}.{kind}"
+        if kind == "csv":  # the same image over and over: quick to write, as slow to parse as any
+            path.write_text(f"{count}\n" + one.read_text().split("\n", 1)[1] * count)
+        else:
+            images = np.lib.format.open_memmap(path, "w+", np.float64, (count, 100, 100))
+            for start in range(0, count, 500):
+                images[start : start + 500] = random_values(rng, min(500, count - start), 100, 100)
+            images.flush()
+            del images
+        peaks.append(_peak_rss_kb("cpu", cnn_path, path, tmp_path / "out.npy", "--batch", "256"))
+        path.unlink()
+    assert peaks[1] < 1.10 * peaks[0], f"peak RSS {peaks[0]} KB for {small} images, {peaks[1]} KB for {large}"
