@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import platform
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -19,6 +20,7 @@ from cnnlab.network import (
     CONV_OUT_DIM,
     FILTER_DIM,
     INPUT_DIM,
+    OUT_LAYER_SIZE,
     OUT_NEURON_DIM,
     Cnn,
     ImageBatch,
@@ -29,19 +31,36 @@ from cnnlab.network import (
 CHUNK_IMAGES = 8
 
 
-def forward(images: np.ndarray, filters_by_tap: np.ndarray, weights_by_input: np.ndarray) -> np.ndarray:
-    """Outputs (n, 10) for images (n, 100, 100); filters (25, 1, 10, 1), weights (4000, 1, 10)."""
+class Scratch:
+    """The work arrays of one pass over n images, made once and reused, so that a pass allocates
+    nothing (a thread per core allocating and freeing megabytes would grow the allocator's pools)."""
+
+    def __init__(self, n: int) -> None:
+        taps = FILTER_DIM * FILTER_DIM
+        self.taps = np.empty((taps, n, 1, CONV_OUT_DIM * CONV_OUT_DIM))
+        self.products = np.empty((taps, n, CONV_LAYER_SIZE, CONV_OUT_DIM * CONV_OUT_DIM))
+        self.conv = np.empty((n, CONV_LAYER_SIZE, CONV_OUT_DIM * CONV_OUT_DIM))
+        self.negative = np.empty(self.conv.shape, dtype=bool)
+        self.terms = np.empty((OUT_NEURON_DIM, n, OUT_LAYER_SIZE))
+
+
+def forward(
+    images: np.ndarray, filters_by_tap: np.ndarray, weights_by_input: np.ndarray, out: np.ndarray, scratch: Scratch | None = None
+) -> None:
+    """Outputs `out` (n, 10) for images (n, 100, 100); filters (25, 1, 10, 1), weights (4000, 1, 10)."""
     n = images.shape[0]
+    scratch = scratch or Scratch(n)
     # taps[i*5+j, b, 0, r*20+c] = images[b, 5r+i, 5c+j]: the 25 terms of each convolution, tap-major.
-    taps = (
-        images.reshape(n, CONV_OUT_DIM, FILTER_DIM, CONV_OUT_DIM, FILTER_DIM)
-        .transpose(2, 4, 0, 1, 3)
-        .reshape(FILTER_DIM * FILTER_DIM, n, 1, CONV_OUT_DIM * CONV_OUT_DIM)
+    np.copyto(
+        scratch.taps.reshape(FILTER_DIM, FILTER_DIM, n, CONV_OUT_DIM, CONV_OUT_DIM),
+        images.reshape(n, CONV_OUT_DIM, FILTER_DIM, CONV_OUT_DIM, FILTER_DIM).transpose(2, 4, 0, 1, 3),
     )
-    conv = (taps * filters_by_tap).sum(axis=0)  # (n, 10, 400)
-    np.copyto(conv, 0.0, where=conv < 0.0)  # ReLU, leaving -0.0 as cpu.rs does
+    np.multiply(scratch.taps, filters_by_tap, out=scratch.products)
+    conv = np.sum(scratch.products, axis=0, out=scratch.conv)  # (n, 10, 400)
+    np.less(conv, 0.0, out=scratch.negative)
+    np.copyto(conv, 0.0, where=scratch.negative)  # ReLU, leaving -0.0 as cpu.rs does
     flattened = conv.reshape(n, OUT_NEURON_DIM).T[:, :, None]  # (4000, n, 1), input-major
-    return (flattened * weights_by_input).sum(axis=0)
+    np.sum(np.multiply(flattened, weights_by_input, out=scratch.terms), axis=0, out=out)
 
 
 class CpuBackend:
@@ -59,17 +78,25 @@ class CpuBackend:
         threads = threads or os.cpu_count() or 1
         self.device = f"{platform.machine() or 'cpu'}, {threads} threads"
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="cnnlab-cpu")
+        self._scratch = threading.local()  # each thread's Scratch for each chunk size it has met
 
     def allocate_images(self, count: int) -> np.ndarray:
         return np.empty((count, INPUT_DIM, INPUT_DIM))
 
+    def _forward_chunk(self, images: np.ndarray, out: np.ndarray) -> None:
+        by_size = self._scratch.__dict__.setdefault("by_size", {})
+        scratch = by_size.get(len(images)) or by_size.setdefault(len(images), Scratch(len(images)))
+        forward(images, self._filters_by_tap, self._weights_by_input, out, scratch)
+
     def compute(self, batch: ImageBatch) -> OutputBatch:
         images = batch.images
-        chunks = [images[start : start + CHUNK_IMAGES] for start in range(0, len(images), CHUNK_IMAGES)]
-        parts = self._pool.map(
-            lambda chunk: forward(chunk, self._filters_by_tap, self._weights_by_input), chunks
-        )
-        return OutputBatch(np.concatenate(list(parts)))
+        outputs = np.empty((len(images), OUT_LAYER_SIZE))
+        starts = range(0, len(images), CHUNK_IMAGES)
+        for _ in self._pool.map(
+            lambda start: self._forward_chunk(images[start : start + CHUNK_IMAGES], outputs[start : start + CHUNK_IMAGES]), starts
+        ):
+            pass
+        return OutputBatch(outputs)
 
     def close(self) -> None:
         self._pool.shutdown()
