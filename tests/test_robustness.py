@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from test_cli import ROOT, assert_one_line_error, cnnlab
-from test_files import read_all_images
+from test_files import BAD_INPUTS, _input_text, read_all_images
 
 from cnnlab import cli
 from cnnlab.cpu import CpuBackend
@@ -227,3 +227,22 @@ def test_peak_memory_does_not_grow_with_the_number_of_images(
         peaks.append(_peak_rss_kb("cpu", cnn_path, path, tmp_path / "out.npy", "--batch", "256"))
         path.unlink()
     assert peaks[1] < 1.10 * peaks[0], f"peak RSS {peaks[0]} KB for {small} images, {peaks[1]} KB for {large}"
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_every_malformed_input_is_one_line_status_2_and_no_output(
+    tmp_path: Path, rng: np.random.Generator, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
+    """The whole corpus of malformed inputs, through the command line (in-process, for speed)."""
+    spoil, line, message = BAD_INPUTS[case]
+    cnn_path, input_path = write_files(tmp_path, random_cnn(rng), random_values(rng, 2, 100, 100))
+    input_path.write_text("\n".join(spoil(_input_text(random_values(rng, 2, 100, 100)))))
+    output = tmp_path / "out" / "out.csv"
+    output.parent.mkdir()
+    output.write_text("previous results\n")
+    assert cli.main(["cpu", str(cnn_path), str(input_path), str(output)]) == 2
+    captured = capsys.readouterr()
+    where = f"{input_path}:{line}: " if line else f"{input_path}: "
+    assert captured.err.startswith(f"cnnlab: {where}") and message in captured.err and captured.err.count("\n") == 1
+    assert captured.out == "" and output.read_text() == "previous results\n"
+    assert [path.name for path in output.parent.iterdir()] == ["out.csv"], NO_FILES_LEFT
