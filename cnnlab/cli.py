@@ -224,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
         "cpu, the CSV reader in MB/s against numpy.loadtxt, "
         "the lab's one image per launch, batched from page-locked memory, resident on the device, the "
         "host-to-device and device-to-device copy bounds, and PyTorch float64 as a peer when it is installed. "
-        "Without a GPU only the cpu row runs.",
+        "Without a GPU only the cpu and reader rows run.",
     )
     for option, default, what in (
         ("--images", defaults.images, "images for the GPU rows"),

@@ -113,7 +113,7 @@ def test_bad_usage_is_one_line_and_status_2(args: list[str], message: str) -> No
     assert message in assert_one_line_error(cnnlab(*args))
 
 
-@pytest.mark.parametrize("command", [[], ["cpu"], ["cuda"], ["generate"], ["compare"]])
+@pytest.mark.parametrize("command", [[], ["cpu"], ["cuda"], ["generate"], ["convert"], ["compare"], ["bench"]])
 def test_help_everywhere(command: list[str]) -> None:
     result = cnnlab(*command, "--help")
     assert result.returncode == 0 and "usage: cnnlab" in result.stdout
