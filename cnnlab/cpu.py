@@ -85,7 +85,9 @@ class CpuBackend:
 
     def _forward_chunk(self, images: np.ndarray, out: np.ndarray) -> None:
         by_size = self._scratch.__dict__.setdefault("by_size", {})
-        scratch = by_size.get(len(images)) or by_size.setdefault(len(images), Scratch(len(images)))
+        scratch = by_size.get(len(images))
+        if scratch is None:
+            scratch = by_size[len(images)] = Scratch(len(images))
         forward(images, self._filters_by_tap, self._weights_by_input, out, scratch)
 
     def compute(self, batch: ImageBatch) -> OutputBatch:

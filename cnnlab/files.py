@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import IO, Any, BinaryIO
 
 import numpy as np
-import polars
 
 from cnnlab.errors import InputFileError, OutputFileError
 from cnnlab.network import (
@@ -140,11 +139,15 @@ _TEXT_BYTES = bytes([9, 10, *range(0x20, 0x7F)])
 
 @functools.cache
 def _schema(width: int) -> dict[str, Any]:
+    import polars
+
     return {str(column): polars.Float64 for column in range(width)}
 
 
 def _parse_block(block: bytes, rows: int, width: int, grid: np.ndarray) -> bool:
     """Fill `grid` (rows, width) from the block with Polars; False if anything in it is not plainly valid."""
+    import polars  # here, not at the top: commands that parse no CSV skip its ~0.2 s import
+
     if block.translate(None, _TEXT_BYTES) or b"_" in block:
         return False
     try:

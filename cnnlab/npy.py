@@ -50,12 +50,11 @@ class NpyImageReader:
         self._file = open_for_reading(path)
         try:
             shape, self._offset = read_header(path, self._file)
+            if len(shape) != 3 or shape[1:] != (INPUT_DIM, INPUT_DIM) or shape[0] < 1:
+                raise InputFileError(path, f"holds an array of shape {shape}; input images must be (N, {INPUT_DIM}, {INPUT_DIM}), N >= 1")
         except BaseException:
             self._file.close()
             raise
-        if len(shape) != 3 or shape[1:] != (INPUT_DIM, INPUT_DIM) or shape[0] < 1:
-            self._file.close()
-            raise InputFileError(path, f"holds an array of shape {shape}; input images must be (N, {INPUT_DIM}, {INPUT_DIM}), N >= 1")
         self.count = shape[0]
         self.images_read = 0
         self._pool = ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="cnnlab-npy")
