@@ -27,8 +27,9 @@ import numpy as np
 
 from cnnlab.cpu import CpuBackend
 from cnnlab.errors import CnnlabError
-from cnnlab.files import AtomicOutput, CsvImageReader
+from cnnlab.filesafety import AtomicOutput
 from cnnlab.generate import random_values
+from cnnlab.labcsv import CsvImageReader
 from cnnlab.network import CONV_LAYER_SIZE, IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, Cnn, ImageBatch
 
 ROWS = ("cpu", "reader", "lab", "pinned", "resident", "bounds", "torch")

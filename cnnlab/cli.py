@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cnnlab.errors import CnnlabError, DeviceLostError, UsageError
-from cnnlab.files import AtomicOutput, read_cnn, refuse_same_file
+from cnnlab.filesafety import AtomicOutput, refuse_same_file
+from cnnlab.labcsv import read_cnn
 from cnnlab.network import Backend, Cnn
 from cnnlab.resources import resource_dir
 from cnnlab.run import run_network

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from cnnlab.errors import InputFileError
-from cnnlab.files import AtomicOutput, LineSource, format_rows, open_for_reading, write_input_file
-from cnnlab.formats import ImageReader, is_npy, open_images, read_outputs
+from cnnlab.filesafety import AtomicOutput
+from cnnlab.formats import ImageReader, holds_images, is_npy, open_images, read_outputs
+from cnnlab.labcsv import format_rows, write_input_file
 from cnnlab.network import INPUT_DIM
-from cnnlab.npy import NpyWriter, read_header
+from cnnlab.npy import NpyWriter
 
 
 @dataclass(frozen=True)
@@ -26,16 +27,6 @@ class Conversion:
     kind: str
     rows: int
     trailing_data_line: int | None = None
-
-
-def holds_images(path: str | os.PathLike) -> bool:
-    """Whether `path` is an input file (images) rather than an output file (rows of values)."""
-    with open_for_reading(path) as file:
-        if is_npy(path):
-            shape, _ = read_header(path, file)
-            return len(shape) == 3
-        first = LineSource(path, file).next_line()
-        return first is not None and first[1].strip().isdigit()
 
 
 def _batches(reader: ImageReader) -> Iterator[np.ndarray]:

@@ -1,4 +1,5 @@
-"""Which format a path holds, by its extension: `.npy` is numpy's binary format, anything else the lab's CSV."""
+"""Which format a file holds: by its path's extension (`.npy` is numpy's binary format, anything else
+the lab's CSV), and, for `convert`, whether its content is images or output rows."""
 
 from __future__ import annotations
 
@@ -8,11 +9,8 @@ from typing import Protocol
 
 import numpy as np
 
-from cnnlab.errors import InputFileError
-from cnnlab.files import CsvImageReader, CsvOutputWriter, open_for_reading
-from cnnlab.files import read_outputs as read_csv_outputs
+from cnnlab import labcsv, npy
 from cnnlab.network import OutputBatch
-from cnnlab.npy import NpyImageReader, npy_output, read_header
 
 
 class ImageReader(Protocol):
@@ -49,21 +47,20 @@ def is_npy(path: str | os.PathLike) -> bool:
 
 def open_images(path: str | os.PathLike) -> ImageReader:
     """The reader for an input file of either format."""
-    return NpyImageReader(path) if is_npy(path) else CsvImageReader(path)
+    return npy.NpyImageReader(path) if is_npy(path) else labcsv.CsvImageReader(path)
 
 
 def open_outputs(path: str | os.PathLike, count: int) -> OutputWriter:
     """The writer for the `count` outputs of a run, in the format `path` names."""
-    return npy_output(path, count) if is_npy(path) else CsvOutputWriter(path)
+    return npy.npy_output(path, count) if is_npy(path) else labcsv.CsvOutputWriter(path)
 
 
 def read_outputs(path: str | os.PathLike) -> list[list[float]]:
     """An output file of either format as rows of floats."""
-    if not is_npy(path):
-        return read_csv_outputs(path)
-    with open_for_reading(path) as file:
-        shape, offset = read_header(path, file)
-        if len(shape) != 2:
-            raise InputFileError(path, f"holds an array of shape {shape}; outputs are (N, values per line)")
-        file.seek(offset)
-        return np.fromfile(file, np.float64, int(np.prod(shape))).reshape(shape).tolist()
+    return npy.read_output_rows(path) if is_npy(path) else labcsv.read_output_rows(path)
+
+
+def holds_images(path: str | os.PathLike) -> bool:
+    """Whether `path` is an input file (images) rather than an output file (rows of values): a 3-D
+    .npy array, or a CSV file whose first line is a lone count."""
+    return len(npy.read_shape(path)) == 3 if is_npy(path) else labcsv.starts_with_count(path)

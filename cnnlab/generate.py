@@ -11,7 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cnnlab.files import AtomicOutput, format_rows, write_input_file
+from cnnlab.filesafety import AtomicOutput
+from cnnlab.labcsv import format_rows, write_input_file
 from cnnlab.network import CONV_LAYER_SIZE, FILTER_DIM, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM
 
 VALUE_BOUND = 10.0

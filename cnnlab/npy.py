@@ -15,11 +15,17 @@ from typing import IO, Any
 import numpy as np
 
 from cnnlab.errors import InputFileError
-from cnnlab.files import AtomicOutput, open_for_reading
+from cnnlab.filesafety import AtomicOutput, open_for_reading
 from cnnlab.network import IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OutputBatch
 
 DTYPE = np.dtype("<f8")
 COPY_IMAGES = 64  # images per copy task: 5 MB, large enough to amortise a task, small enough to spread
+
+
+def read_shape(path: str | os.PathLike) -> tuple[int, ...]:
+    """The shape of the array a .npy file holds, from its header."""
+    with open_for_reading(path) as file:
+        return read_header(path, file)[0]
 
 
 def read_header(path: str | os.PathLike, file: IO[bytes]) -> tuple[tuple[int, ...], int]:
@@ -128,3 +134,13 @@ class NpyWriter:
 def npy_output(path: str | os.PathLike, count: int) -> NpyWriter:
     """The (count, 10) outputs of a run as a .npy file."""
     return NpyWriter(path, (count, OUT_LAYER_SIZE))
+
+
+def read_output_rows(path: str | os.PathLike) -> list[list[float]]:
+    """A 2-D .npy file of outputs as rows of floats."""
+    with open_for_reading(path) as file:
+        shape, offset = read_header(path, file)
+        if len(shape) != 2:
+            raise InputFileError(path, f"holds an array of shape {shape}; outputs are (N, values per line)")
+        file.seek(offset)
+        return np.fromfile(file, DTYPE, int(np.prod(shape))).reshape(shape).tolist()

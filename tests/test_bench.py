@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_cli import assert_one_line_error, cnnlab
+from helpers import assert_one_line_error, cnnlab
 
 from cnnlab.bench import format_table, ratios
 

@@ -3,38 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import random_cnn, write_files
+from helpers import TIMING_LINE, assert_one_line_error, cnnlab, random_cnn, write_files
 
 from cnnlab.cpu import CpuBackend
-from cnnlab.files import read_outputs
 from cnnlab.generate import random_values
+from cnnlab.labcsv import read_output_rows as read_outputs
 from cnnlab.network import ImageBatch
 from cnnlab.resources import resource_dir
-
-ROOT = Path(__file__).resolve().parent.parent
-TIMING_LINE = re.compile(r"^\d+ microseconds of actual work done\n$")
-
-
-def cnnlab(*args: str | os.PathLike, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    return subprocess.run(
-        [sys.executable, "-m", "cnnlab", *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
-    )
-
-
-def assert_one_line_error(result: subprocess.CompletedProcess[str], status: int = 2) -> str:
-    assert result.returncode == status, result.stderr
-    assert result.stderr.startswith("cnnlab: ") and result.stderr.count("\n") == 1, result.stderr
-    assert "Traceback" not in result.stderr
-    return result.stderr
 
 
 def test_cpu_on_default_data(tmp_path: Path) -> None:

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import random_cnn, write_files
-from test_cli import TIMING_LINE, cnnlab
+from helpers import ROOT, TIMING_LINE, cnnlab, random_cnn, write_files
 
 from cnnlab.compare import compare_files
 from cnnlab.cpu import CpuBackend
@@ -180,7 +179,6 @@ def test_a_failed_launch_is_one_line_and_leaves_no_output(tmp_path: Path, rng: n
     import subprocess
     import sys
 
-    from test_cli import ROOT
 
     command = [sys.executable, "-c", script, "cuda", cnn_path, input_path, tmp_path / "out.csv", "--batch", "4"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)

@@ -7,25 +7,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import random_cnn, write_files
+from helpers import BAD_INPUTS, input_lines, random_cnn, read_all_images, write_files
 
 from cnnlab.errors import InputFileError
-from cnnlab.files import AtomicOutput, CsvImageReader, read_cnn
 from cnnlab.formats import open_outputs, read_outputs
 from cnnlab.generate import generate, random_values
+from cnnlab.labcsv import AtomicOutput, CsvImageReader, read_cnn
 from cnnlab.network import OutputBatch
-
-
-def read_all_images(path: Path, batch: int = 3) -> np.ndarray:
-    with CsvImageReader(path) as reader:
-        out = np.empty((reader.count, 100, 100))
-        buffer = np.empty((batch, 100, 100))
-        done = 0
-        while count := reader.read_into(buffer):
-            out[done : done + count] = buffer[:count]
-            done += count
-        assert done == reader.count
-    return out
 
 
 def test_cnn_and_input_round_trip_exactly(tmp_path: Path, rng: np.random.Generator) -> None:
@@ -86,49 +74,11 @@ def test_accepts_what_the_labs_reader_accepted(tmp_path: Path, rng: np.random.Ge
     assert (read_all_images(path) == images).all()
 
 
-def _input_text(images: np.ndarray) -> list[str]:
-    lines = [str(len(images))]
-    for image in images.tolist():
-        lines += [",".join(map(repr, row)) for row in image]
-        lines.append("")
-    return lines
-
-
-def _line_of(fields: list[str]) -> str:
-    return ",".join(fields)
-
-
-def _with_line(index: int, make_line):
-    """A spoiler that replaces line `index` (0-based) by make_line(the old line)."""
-    return lambda lines: lines[:index] + [make_line(lines[index])] + lines[index + 1 :]
-
-
-# Each case: how to spoil a valid 2-image file (its lines, 0-based), the line the error must name, and
-# what it must say. Line 1 holds N; image 1 is on lines 2-101, a blank line 102, image 2 on 103-202.
-BAD_INPUTS = {
-    "empty file": (lambda lines: [], None, "empty file"),
-    "N not a number": (lambda lines: ["two"] + lines[1:], 1, "positive integer"),
-    "N zero": (lambda lines: ["0"] + lines[1:], 1, "positive integer"),
-    "N negative": (lambda lines: ["-2"] + lines[1:], 1, "positive integer"),
-    "N larger than the matrices": (lambda lines: ["3"] + lines[1:], 202, "after 2 of the 3 matrices"),
-    "truncated last matrix": (lambda lines: lines[:150], 150, "matrix 2 has only 48 of its 100 lines"),
-    "short line": (_with_line(5, lambda old: old.rsplit(",", 1)[0]), 6, "found 99"),
-    "long line": (_with_line(5, lambda old: old + ",1.0"), 6, "found 101"),
-    "missing value": (_with_line(7, lambda old: _line_of(["1"] * 50 + [""] + ["2"] * 49)), 8, "value 51 is missing"),
-    "not a number": (_with_line(9, lambda old: _line_of(["1"] * 99 + ["abc"])), 10, "value 100 'abc' is not a number"),
-    "NaN": (_with_line(9, lambda old: _line_of(["nan"] + ["1"] * 99)), 10, "'nan' is not a finite number"),
-    "infinity": (_with_line(9, lambda old: _line_of(["1"] * 9 + ["-inf"] + ["1"] * 90)), 10, "value 10 '-inf' is not a finite"),
-    "overflow": (_with_line(9, lambda old: _line_of(["1e400"] + ["1"] * 99)), 10, "not a finite"),
-    "underscore": (_with_line(9, lambda old: _line_of(["1_0"] + ["1"] * 99)), 10, "'1_0' is not a number"),
-    "very long line": (_with_line(3, lambda old: "1," * 600000), 4, "line longer than"),
-}
-
-
 @pytest.mark.parametrize("case", sorted(BAD_INPUTS))
 def test_malformed_input_is_refused_with_file_and_line(tmp_path: Path, rng: np.random.Generator, case: str) -> None:
     spoil, line, message = BAD_INPUTS[case]
     path = tmp_path / "in.csv"
-    path.write_text("\n".join(spoil(_input_text(random_values(rng, 2, 100, 100)))))
+    path.write_text("\n".join(spoil(input_lines(random_values(rng, 2, 100, 100)))))
     with pytest.raises(InputFileError) as caught:
         read_all_images(path, batch=2)
     assert caught.value.line == line

@@ -7,11 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import random_cnn, write_files
-from test_cli import assert_one_line_error, cnnlab
-from test_files import read_all_images
+from helpers import assert_one_line_error, cnnlab, random_cnn, read_all_images, write_files
 
-from cnnlab import files as csv_files
+from cnnlab import labcsv as csv_files
 from cnnlab.convert import convert
 from cnnlab.cpu import CpuBackend
 from cnnlab.errors import InputFileError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import random_cnn
+from helpers import random_cnn
 from reference import reference_forward
 
 from cnnlab.cpu import CpuBackend

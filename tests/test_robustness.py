@@ -11,19 +11,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import random_cnn, write_files
+from helpers import BAD_INPUTS, SUBPROCESS_ENV, assert_one_line_error, cnnlab, input_lines, random_cnn, read_all_images, write_files
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
-from test_cli import ROOT, assert_one_line_error, cnnlab
-from test_files import BAD_INPUTS, _input_text, read_all_images
 
 from cnnlab import cli
 from cnnlab.cpu import CpuBackend
 from cnnlab.errors import DeviceError
-from cnnlab.files import read_cnn, write_input_file
 from cnnlab.formats import open_outputs, read_outputs
 from cnnlab.generate import random_values, write_cnn_file
+from cnnlab.labcsv import read_cnn, write_input_file
 from cnnlab.network import ImageBatch, OutputBatch
 
 FINITE = st.floats(allow_nan=False, allow_infinity=False, width=64)
@@ -88,9 +86,8 @@ def test_interrupting_a_real_run_leaves_nothing_behind(
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     (out_dir / "out.csv").write_text("old\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     command = [sys.executable, "-m", "cnnlab", "cpu", str(cnn_path), str(tmp_path / "big.csv"), str(out_dir / "out.csv")]
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(command, env=SUBPROCESS_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while len(list(out_dir.iterdir())) < 2 and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)  # until the temporary output exists: the run is under way
@@ -195,8 +192,9 @@ def _peak_rss_kb(*args: str | os.PathLike) -> int:
         "import re, sys\nfrom cnnlab import cli\nstatus = cli.main(sys.argv[1:])\n"
         "print(re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read())[1])\nsys.exit(status)\n"
     )
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    result = subprocess.run([sys.executable, "-c", script, *map(str, args)], env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", script, *map(str, args)], env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr
     return int(result.stdout.split()[-1])
 
@@ -236,7 +234,7 @@ def test_every_malformed_input_is_one_line_status_2_and_no_output(
     """The whole corpus of malformed inputs, through the command line (in-process, for speed)."""
     spoil, line, message = BAD_INPUTS[case]
     cnn_path, input_path = write_files(tmp_path, random_cnn(rng), random_values(rng, 2, 100, 100))
-    input_path.write_text("\n".join(spoil(_input_text(random_values(rng, 2, 100, 100)))))
+    input_path.write_text("\n".join(spoil(input_lines(random_values(rng, 2, 100, 100)))))
     output = tmp_path / "out" / "out.csv"
     output.parent.mkdir()
     output.write_text("previous results\n")

@@ -1,7 +1,6 @@
-"""The lab's file formats: the CNN file, the input file (read in batches) and the output file.
+"""The lab's CSV formats: the CNN file, the input file (read in batches) and the output file.
 
-Every problem with a file is raised as an InputFileError naming the file and line. Outputs go
-to a temporary file beside the target and are renamed into place only when the run succeeds.
+Every problem with a file is raised as an InputFileError naming the file and line.
 """
 
 from __future__ import annotations
@@ -9,15 +8,14 @@ from __future__ import annotations
 import functools
 import os
 import re
-import tempfile
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from pathlib import Path
-from typing import IO, Any, BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 
-from cnnlab.errors import InputFileError, OutputFileError
+from cnnlab.errors import InputFileError
+from cnnlab.filesafety import AtomicOutput, open_for_reading
 from cnnlab.network import (
     CONV_LAYER_SIZE,
     FILTER_DIM,
@@ -39,23 +37,6 @@ NumberedLine = tuple[int, bytes]
 PARSE_IMAGES = 16
 
 _NOT_TEXT = re.compile(rb"[^\t\x20-\x7e]")  # anything but printable ASCII and tabs
-
-# mkstemp makes files only the owner can read; outputs get the usual mode (0666 less the umask).
-_UMASK = os.umask(0)
-os.umask(_UMASK)
-
-
-def open_for_reading(path: str | os.PathLike) -> BinaryIO:
-    """Open `path` in binary mode, turning the OS's refusal into an InputFileError."""
-    try:
-        return open(path, "rb")
-    except FileNotFoundError:
-        raise InputFileError(path, "no such file") from None
-    except IsADirectoryError:
-        raise InputFileError(path, "is a directory, not a file") from None
-    except OSError as error:
-        raise InputFileError(path, error.strerror or str(error)) from None
-
 
 class LineSource:
     """The non-blank lines of a text file, numbered from 1, with line ends (LF or CRLF) removed.
@@ -333,56 +314,6 @@ class CsvOutputWriter:
         self._output.__exit__(*exc_info)
 
 
-def refuse_same_file(output: str | os.PathLike, *inputs: str | os.PathLike) -> None:
-    """Raise an OutputFileError if `output` is one of `inputs` under another name (or the same)."""
-    for input_path in inputs:
-        try:
-            same = os.path.samefile(output, input_path)
-        except OSError:  # one of them does not exist (yet): they cannot be the same file
-            continue
-        if same:
-            raise OutputFileError(f"{output}: is the input file {input_path}; refusing to write over it")
-
-
-class AtomicOutput:
-    """A text file written beside `path` under a temporary name and renamed onto it only on success.
-
-    A failure or interruption inside the `with` block removes the temporary file and leaves any
-    existing file at `path` untouched.
-    """
-
-    def __init__(self, path: str | os.PathLike, binary: bool = False) -> None:
-        self.path = Path(path)
-        self._binary = binary
-        self._file: IO[Any] | None = None
-
-    def __enter__(self) -> IO[Any]:
-        if self.path.is_dir():
-            raise OutputFileError(f"{self.path}: is a directory, not a file")
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            descriptor, temporary = tempfile.mkstemp(
-                prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent
-            )
-        except OSError as error:
-            raise OutputFileError(f"{self.path}: cannot write here: {error.strerror or error}") from None
-        os.chmod(descriptor, 0o666 & ~_UMASK)
-        self._temporary = Path(temporary)
-        self._file = os.fdopen(descriptor, "wb") if self._binary else os.fdopen(descriptor, "w", newline="\n")
-        return self._file
-
-    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
-        assert self._file is not None
-        try:
-            self._file.close()
-            if exc_type is None:
-                os.replace(self._temporary, self.path)
-        except OSError as error:
-            raise OutputFileError(f"{self.path}: cannot write: {error.strerror or error}") from None
-        finally:
-            self._temporary.unlink(missing_ok=True)
-
-
 def write_input_file(path: str | os.PathLike, count: int, images: Iterable[np.ndarray]) -> None:
     """Write an input file of the `count` (100, 100) images that `images` yields."""
     with AtomicOutput(path) as out:
@@ -392,7 +323,7 @@ def write_input_file(path: str | os.PathLike, count: int, images: Iterable[np.nd
             out.write("\n")
 
 
-def read_outputs(path: str | os.PathLike) -> list[list[float]]:
+def read_output_rows(path: str | os.PathLike) -> list[list[float]]:
     """Read an output file as rows of floats, for the comparison (any number of values per line)."""
     rows = []
     with open_for_reading(path) as file:
@@ -402,3 +333,10 @@ def read_outputs(path: str | os.PathLike) -> list[list[float]]:
             parse_rows(path, [numbered], row.size, row)
             rows.append(row.tolist())
     return rows
+
+
+def starts_with_count(path: str | os.PathLike) -> bool:
+    """Whether the file's first non-blank line is a lone count, as an input file's first line is."""
+    with open_for_reading(path) as file:
+        first = LineSource(path, file).next_line()
+    return first is not None and first[1].strip().isdigit()

@@ -1,0 +1,98 @@
+"""What the tests share: file makers, the command line in a subprocess, and the malformed-input corpus.
+
+Test modules import from here, never from each other.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from cnnlab.generate import random_values, write_cnn_file
+from cnnlab.labcsv import CsvImageReader, write_input_file
+from cnnlab.network import Cnn
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMING_LINE = re.compile(r"^\d+ microseconds of actual work done\n$")
+# The environment of every cnnlab subprocess: this checkout first on the import path.
+SUBPROCESS_ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+
+
+def random_cnn(rng: np.random.Generator) -> Cnn:
+    return Cnn(random_values(rng, 10, 5, 5), random_values(rng, 10, 4000))
+
+
+def write_files(tmp_path: Path, cnn: Cnn, images: np.ndarray) -> tuple[Path, Path]:
+    """Write `cnn` and `images` in the lab's layout; return (cnn file, input file)."""
+    cnn_path, input_path = tmp_path / "cnn.csv", tmp_path / "in.csv"
+    write_cnn_file(cnn_path, cnn.filters, cnn.weights)
+    write_input_file(input_path, len(images), images)
+    return cnn_path, input_path
+
+
+def cnnlab(*args: str | os.PathLike, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cnnlab", *map(str, args)], cwd=cwd, env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=300
+    )
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], status: int = 2) -> str:
+    assert result.returncode == status, result.stderr
+    assert result.stderr.startswith("cnnlab: ") and result.stderr.count("\n") == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    return result.stderr
+
+
+def read_all_images(path: Path, batch: int = 3) -> np.ndarray:
+    with CsvImageReader(path) as reader:
+        out = np.empty((reader.count, 100, 100))
+        buffer = np.empty((batch, 100, 100))
+        done = 0
+        while count := reader.read_into(buffer):
+            out[done : done + count] = buffer[:count]
+            done += count
+        assert done == reader.count
+    return out
+
+
+def input_lines(images: np.ndarray) -> list[str]:
+    lines = [str(len(images))]
+    for image in images.tolist():
+        lines += [",".join(map(repr, row)) for row in image]
+        lines.append("")
+    return lines
+
+
+def _line_of(fields: list[str]) -> str:
+    return ",".join(fields)
+
+
+def _with_line(index: int, make_line):
+    """A spoiler that replaces line `index` (0-based) by make_line(the old line)."""
+    return lambda lines: lines[:index] + [make_line(lines[index])] + lines[index + 1 :]
+
+
+# Each case: how to spoil a valid 2-image file (its lines, 0-based), the line the error must name, and
+# what it must say. Line 1 holds N; image 1 is on lines 2-101, a blank line 102, image 2 on 103-202.
+BAD_INPUTS = {
+    "empty file": (lambda lines: [], None, "empty file"),
+    "N not a number": (lambda lines: ["two"] + lines[1:], 1, "positive integer"),
+    "N zero": (lambda lines: ["0"] + lines[1:], 1, "positive integer"),
+    "N negative": (lambda lines: ["-2"] + lines[1:], 1, "positive integer"),
+    "N larger than the matrices": (lambda lines: ["3"] + lines[1:], 202, "after 2 of the 3 matrices"),
+    "truncated last matrix": (lambda lines: lines[:150], 150, "matrix 2 has only 48 of its 100 lines"),
+    "short line": (_with_line(5, lambda old: old.rsplit(",", 1)[0]), 6, "found 99"),
+    "long line": (_with_line(5, lambda old: old + ",1.0"), 6, "found 101"),
+    "missing value": (_with_line(7, lambda old: _line_of(["1"] * 50 + [""] + ["2"] * 49)), 8, "value 51 is missing"),
+    "not a number": (_with_line(9, lambda old: _line_of(["1"] * 99 + ["abc"])), 10, "value 100 'abc' is not a number"),
+    "NaN": (_with_line(9, lambda old: _line_of(["nan"] + ["1"] * 99)), 10, "'nan' is not a finite number"),
+    "infinity": (_with_line(9, lambda old: _line_of(["1"] * 9 + ["-inf"] + ["1"] * 90)), 10, "value 10 '-inf' is not a finite"),
+    "overflow": (_with_line(9, lambda old: _line_of(["1e400"] + ["1"] * 99)), 10, "not a finite"),
+    "underscore": (_with_line(9, lambda old: _line_of(["1_0"] + ["1"] * 99)), 10, "'1_0' is not a number"),
+    "very long line": (_with_line(3, lambda old: "1," * 600000), 4, "line longer than"),
+}
