@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any
 
@@ -30,21 +30,31 @@ from cnnlab.errors import CnnlabError
 from cnnlab.filesafety import AtomicOutput
 from cnnlab.generate import random_values
 from cnnlab.labcsv import CsvImageReader
-from cnnlab.network import CONV_LAYER_SIZE, IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, Cnn, ImageBatch
+from cnnlab.network import CONV_LAYER_SIZE, FLOPS_PER_IMAGE, IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, Cnn, ImageBatch
 
 ROWS = ("cpu", "reader", "lab", "pinned", "resident", "bounds", "torch")
+GPU_ROWS = ("lab", "pinned", "resident", "bounds")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Figure:
-    """One row of the table."""
+    """One row of the table, with its traffic model: the bytes and FLOPs one image costs on that path."""
 
     row: str
     name: str
     images_per_second: float
     bound: str | None = None  # the key of the figure that bounds this one
-    key: str | None = None  # for the bounds: "h2d" or "d2d"
-    bytes_per_second: float | None = None  # for the bounds
+    key: str | None = None  # for the figures others are measured against: "h2d", "d2d", "loadtxt"
+    bytes_per_image: float | None = None  # bytes moved per image through what bounds the path
+    flops_per_image: float | None = None
+
+    @property
+    def bytes_per_second(self) -> float | None:
+        return None if self.bytes_per_image is None else self.images_per_second * self.bytes_per_image
+
+    @property
+    def flops_per_second(self) -> float | None:
+        return None if self.flops_per_image is None else self.images_per_second * self.flops_per_image
 
 
 @dataclass
@@ -58,6 +68,28 @@ class BenchOptions:
     sweep: tuple[int, ...] = ()  # batch sizes for the plot
     chunk_images: int | None = None  # the CUDA context's chunk and stream count; None: LaunchConfig's
     streams: int | None = None
+
+
+@dataclass
+class Sweep:
+    """images/s against images per compute() call, for the plot: (images, images/s) pairs."""
+
+    pinned: list[tuple[int, float]] = field(default_factory=list)
+    resident: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class BenchReport:
+    """Everything one `cnnlab bench` measured, where, and why any rows did not run."""
+
+    options: BenchOptions
+    figures: list[Figure] = field(default_factory=list)
+    sweep: Sweep = field(default_factory=Sweep)
+    notes: list[str] = field(default_factory=list)
+    device: str | None = None
+    machine: str = field(default_factory=platform.machine)
+    python: str = field(default_factory=platform.python_version)
+    numpy: str = np.__version__
 
 
 def median_rate(images: int, run: Callable[[], object], repeats: int) -> float:
@@ -84,7 +116,7 @@ def bench_cpu(cnn: Cnn, options: BenchOptions, rng: np.random.Generator) -> Figu
     batch = ImageBatch(random_values(rng, options.cpu_images, INPUT_DIM, INPUT_DIM))
     with CpuBackend(cnn) as backend:
         rate = median_rate(len(batch), lambda: backend.compute(batch), options.repeats)
-    return Figure("cpu", f"cpu: numpy forward ({backend.device})", rate)
+    return Figure("cpu", f"cpu: numpy forward ({backend.device})", rate, flops_per_image=FLOPS_PER_IMAGE)
 
 
 def bench_reader(options: BenchOptions, seed: int | None) -> list[Figure]:
@@ -103,85 +135,80 @@ def bench_reader(options: BenchOptions, seed: int | None) -> list[Figure]:
                     pass
 
         repeats = min(options.repeats, 3)
-        loadtxt = median_rate(size, lambda: np.loadtxt(path, delimiter=",", skiprows=1), repeats)
-        one = median_rate(size, partial(read, 1), repeats)
-        every = median_rate(size, partial(read, None), repeats)
-    cores = os.cpu_count()
+        loadtxt, one, every = (
+            median_rate(options.reader_images, run, repeats)
+            for run in (lambda: np.loadtxt(path, delimiter=",", skiprows=1), partial(read, 1), partial(read, None))
+        )
+    text = {"bytes_per_image": image_bytes}
     return [
-        Figure("reader", "reference: numpy.loadtxt (one thread)", loadtxt / image_bytes, key="loadtxt", bytes_per_second=loadtxt),
-        Figure("reader", "cnnlab CSV reader, one parse thread", one / image_bytes, "loadtxt", bytes_per_second=one),
-        Figure("reader", f"cnnlab CSV reader, {cores} parse threads", every / image_bytes, "loadtxt", bytes_per_second=every),
+        Figure("reader", "reference: numpy.loadtxt (one thread)", loadtxt, key="loadtxt", **text),
+        Figure("reader", "cnnlab CSV reader, one parse thread", one, "loadtxt", **text),
+        Figure("reader", f"cnnlab CSV reader, {os.cpu_count()} parse threads", every, "loadtxt", **text),
     ]
 
 
-def bench_cuda(
-    cnn: Cnn, options: BenchOptions, rng: np.random.Generator, sweep: dict[str, list[list[float]]]
-) -> tuple[list[Figure], str]:
-    """The GPU rows and the device's name; raises CnnlabError when there is no usable GPU."""
+def bench_cuda(cnn: Cnn, options: BenchOptions, rng: np.random.Generator, report: BenchReport) -> None:
+    """The GPU rows, the sweep and the device's name into `report`; raises CnnlabError without a usable GPU."""
     from cnnlab.cuda import CudaContext, DeviceImages, LaunchConfig
+    from cnnlab.kernels import device_bytes_per_image
 
     chosen = {"chunk_images": options.chunk_images, "streams": options.streams}
     config = LaunchConfig(**{key: value for key, value in chosen.items() if value is not None})
-
-    figures = []
+    host_bytes = IMAGE_BYTES + config.segments * OUT_LAYER_SIZE * 8  # images in, partials out
+    model = {"flops_per_image": FLOPS_PER_IMAGE}
     if "lab" in options.rows:
         images = random_values(rng, options.lab_images, INPUT_DIM, INPUT_DIM)
         singles = [ImageBatch(image[None]) for image in images]
         with CudaContext(cnn, batch_size=1) as context:
             rate = median_rate(len(singles), lambda: [context.compute(single) for single in singles], options.repeats)
-        figures.append(Figure("lab", "cuda, one image per launch (the lab's scheme)", rate))
+            report.device = context.device
+        report.figures.append(Figure("lab", "cuda, one image per launch (the lab's scheme)", rate, bytes_per_image=host_bytes, **model))
     if not {"pinned", "resident", "bounds"} & set(options.rows) and not options.sweep:
-        return figures, context.device
-    with CudaContext(cnn, batch_size=options.images, config=config) as context:
+        return
+    # The command line's batch size, so the figures are what `cnnlab cuda` gets; a batch here is all the images.
+    with CudaContext(cnn, config=config) as context:
+        report.device = context.device
         host = context.allocate_images(options.images)
         host[:] = random_values(rng, options.images, INPUT_DIM, INPUT_DIM)
         batch = ImageBatch(host)
         resident = context.upload(batch)
         if "pinned" in options.rows:
             rate = median_rate(options.images, lambda: context.compute(batch), options.repeats)
-            figures.append(Figure("pinned", "cuda, batched from page-locked memory, copies included", rate, "h2d"))
+            name = "cuda, batched from page-locked memory, copies included"
+            report.figures.append(Figure("pinned", name, rate, "h2d", bytes_per_image=host_bytes, **model))
         if "resident" in options.rows:
             rate = median_rate(options.images, lambda: context.compute_resident(resident), options.repeats)
-            figures.append(Figure("resident", "cuda, images resident on the device", rate, "d2d"))
+            bytes_per_image = device_bytes_per_image(config.segments)
+            report.figures.append(
+                Figure("resident", "cuda, images resident on the device", rate, "d2d", bytes_per_image=bytes_per_image, **model)
+            )
         if "bounds" in options.rows:
-            figures += _copy_bounds(context, host, resident, options.repeats)
+            rates = context.copy_rates(host, resident, options.repeats)
+            report.figures += [
+                Figure(
+                    "bounds",
+                    "bound: host-to-device copy from page-locked memory",
+                    rates.host_to_device / IMAGE_BYTES,
+                    key="h2d",
+                    bytes_per_image=IMAGE_BYTES,
+                ),
+                Figure(
+                    "bounds",
+                    "bound: device-to-device copy (read + written)",
+                    rates.device_to_device / IMAGE_BYTES,
+                    key="d2d",
+                    bytes_per_image=IMAGE_BYTES,
+                ),
+            ]
         for size in options.sweep:
             part, resident_part = ImageBatch(host[:size]), DeviceImages(resident.allocation, size)
             calls = max(1, min(options.images, 8192) // size)
-            for row, run in (("pinned", partial(context.compute, part)), ("resident", partial(context.compute_resident, resident_part))):
-                sweep[row].append([size, median_rate(size * calls, partial(_repeat, run, calls), 3)])
-    return figures, context.device
-
-
-def _copy_bounds(context: Any, host: np.ndarray, resident: Any, repeats: int) -> list[Figure]:
-    """Host-to-device and device-to-device copy rates, timed with CUDA events."""
-    import pycuda.driver as driver
-
-    nbytes = host.nbytes
-    target = driver.mem_alloc(nbytes)
-    try:
-        stream = driver.Stream()
-        start, end = driver.Event(), driver.Event()
-
-        def seconds(copy: Callable[[], None]) -> float:
-            copy()
-            times = []
-            for _ in range(repeats):
-                start.record(stream)
-                copy()
-                end.record(stream)
-                end.synchronize()
-                times.append(end.time_since(start) / 1e3)
-            return statistics.median(times)
-
-        h2d = nbytes / seconds(lambda: driver.memcpy_htod_async(target, host, stream))
-        d2d = 2 * nbytes / seconds(lambda: driver.memcpy_dtod_async(target, resident.allocation, nbytes, stream))
-    finally:
-        target.free()
-    return [
-        Figure("bounds", "bound: host-to-device copy from page-locked memory", h2d / IMAGE_BYTES, key="h2d", bytes_per_second=h2d),
-        Figure("bounds", "bound: device-to-device copy (read + written)", d2d / IMAGE_BYTES, key="d2d", bytes_per_second=d2d),
-    ]
+            for points, run in (
+                (report.sweep.pinned, partial(context.compute, part)),
+                (report.sweep.resident, partial(context.compute_resident, resident_part)),
+            ):
+                points.append((size, median_rate(size * calls, partial(_repeat, run, calls), 3)))
+        context.free(resident)
 
 
 def bench_torch(cnn: Cnn, options: BenchOptions, rng: np.random.Generator) -> list[Figure]:
@@ -204,79 +231,69 @@ def bench_torch(cnn: Cnn, options: BenchOptions, rng: np.random.Generator) -> li
     with torch.no_grad():
         pinned = median_rate(options.images, lambda: forward(host.to(device, non_blocking=True)), options.repeats)
         on_device = median_rate(options.images, lambda: forward(resident), options.repeats)
+    model = {"flops_per_image": FLOPS_PER_IMAGE}
     return [
-        Figure("torch", f"pytorch {torch.__version__} float64, from page-locked memory", pinned, "h2d"),
-        Figure("torch", f"pytorch {torch.__version__} float64, resident", on_device, "d2d"),
+        Figure("torch", f"pytorch {torch.__version__} float64, from page-locked memory", pinned, "h2d", **model),
+        Figure("torch", f"pytorch {torch.__version__} float64, resident", on_device, "d2d", **model),
     ]
 
 
-def run_bench(options: BenchOptions, seed: int | None = None) -> dict[str, Any]:
-    """Measure the chosen rows; returns every figure with notes on rows that did not run."""
+def run_bench(options: BenchOptions, seed: int | None = None) -> BenchReport:
+    """Measure the chosen rows; the report holds every figure, with notes on rows that did not run."""
     rng = np.random.default_rng(seed)
     cnn = _random_cnn(rng)
-    figures: list[Figure] = []
-    notes: list[str] = []
-    sweep: dict[str, list[list[float]]] = {"pinned": [], "resident": []}
-    device = None
+    report = BenchReport(options)
     if "cpu" in options.rows:
-        figures.append(bench_cpu(cnn, options, rng))
+        report.figures.append(bench_cpu(cnn, options, rng))
     if "reader" in options.rows:
-        figures += bench_reader(options, seed)
-    if {"lab", "pinned", "resident", "bounds"} & set(options.rows) or options.sweep:
+        report.figures += bench_reader(options, seed)
+    if set(GPU_ROWS) & set(options.rows) or options.sweep:
         try:
-            cuda_figures, device = bench_cuda(cnn, options, rng, sweep)
-            figures += cuda_figures
+            bench_cuda(cnn, options, rng, report)
         except CnnlabError as error:
-            notes.append(f"cuda rows not run: {error}")
+            report.notes.append(f"cuda rows not run: {error}")
     if "torch" in options.rows:
         try:
-            figures += bench_torch(cnn, options, rng)
+            report.figures += bench_torch(cnn, options, rng)
         except (ImportError, CnnlabError) as error:
-            notes.append(f"torch rows not run: {error}")
-    return {
-        "device": device,
-        "machine": platform.machine(),
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "options": asdict(options),
-        "figures": [asdict(figure) for figure in figures],
-        "sweep": sweep,
-        "notes": notes,
-    }
+            report.notes.append(f"torch rows not run: {error}")
+    return report
 
 
-def ratios(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each figure with its ratio to its bound and to the lab scheme, from the figures themselves."""
-    bounds = {figure["key"]: figure for figure in report["figures"] if figure["key"]}
-    lab = next((f["images_per_second"] for f in report["figures"] if f["row"] == "lab"), None)
+def ratios(report: BenchReport) -> list[dict[str, Any]]:
+    """Each figure as a dict, with its throughput and its ratios to its bound and to the lab scheme."""
+    keyed = {figure.key: figure for figure in report.figures if figure.key}
+    lab = next((figure.images_per_second for figure in report.figures if figure.row == "lab"), None)
     rows = []
-    for figure in report["figures"]:
-        bound = bounds.get(figure["bound"])
+    for figure in report.figures:
+        bound = keyed.get(figure.bound) if figure.bound else None
         rows.append(
             {
-                **figure,
-                "of_bound": figure["images_per_second"] / bound["images_per_second"] if bound else None,
-                "of_lab": figure["images_per_second"] / lab if lab else None,
+                **asdict(figure),
+                "bytes_per_second": figure.bytes_per_second,
+                "flops_per_second": figure.flops_per_second,
+                "of_bound": figure.images_per_second / bound.images_per_second if bound else None,
+                "of_lab": figure.images_per_second / lab if lab else None,
             }
         )
     return rows
 
 
-def format_table(report: dict[str, Any]) -> str:
-    lines = [f"{'figure':<66} {'images/s':>14} {'of bound':>9} {'x lab':>8}"]
+def format_table(report: BenchReport) -> str:
+    lines = [f"{'figure':<66} {'MB/s':>10} {'images/s':>14} {'of bound':>9} {'x lab':>8}"]
     for row in ratios(report):
         of_bound = f"{row['of_bound']:.1%}" if row["of_bound"] is not None else "-"
         of_lab = f"{row['of_lab']:.1f}" if row["of_lab"] is not None else "-"
-        extra = f" ({row['bytes_per_second'] / 1e6:,.0f} MB/s)" if row["bytes_per_second"] else ""
-        lines.append(f"{(row['name'] + extra)[:66]:<66} {row['images_per_second']:>14,.0f} {of_bound:>9} {of_lab:>8}")
-    lines += [f"note: {note}" for note in report["notes"]]
+        rate = f"{row['bytes_per_second'] / 1e6:,.0f}" if row["bytes_per_second"] else "-"
+        lines.append(f"{row['name'][:66]:<66} {rate:>10} {row['images_per_second']:>14,.0f} {of_bound:>9} {of_lab:>8}")
+    lines += [f"note: {note}" for note in report.notes]
     return "\n".join(lines)
 
 
-def write_report(report: dict[str, Any], json_path: str | None, plot_path: str | None) -> None:
+def write_report(report: BenchReport, json_path: str | None, plot_path: str | None) -> None:
     if json_path:
         with AtomicOutput(json_path) as out:
-            json.dump({**report, "figures": ratios(report)}, out, indent=2)
+            json.dump({**asdict(report), "figures": ratios(report)}, out, indent=2)
             out.write("\n")
     if plot_path:
         try:
@@ -288,13 +305,13 @@ def write_report(report: dict[str, Any], json_path: str | None, plot_path: str |
             print("cnnlab: note: --plot needs matplotlib; no plot drawn", file=sys.stderr)
             return
         figure, axes = plt.subplots(figsize=(7, 4.5))
-        for row, points in report["sweep"].items():
+        for row, points in asdict(report.sweep).items():
             if points:
                 axes.plot(*zip(*points), "o-", label=f"cuda, {row}")
         lines = [row for row in ratios(report) if row["row"] in ("lab", "bounds")]
         for color, row in enumerate(lines, start=2):
             axes.axhline(row["images_per_second"], color=f"C{color}", linestyle="--", linewidth=1, label=row["name"][:50])
-        axes.set(xscale="log", yscale="log", xlabel="images per compute() call", ylabel="images/s", title=report["device"] or "")
+        axes.set(xscale="log", yscale="log", xlabel="images per compute() call", ylabel="images/s", title=report.device or "")
         axes.legend(fontsize=7)
         figure.tight_layout()
         with AtomicOutput(plot_path, binary=True) as out:

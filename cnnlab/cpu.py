@@ -28,7 +28,7 @@ from cnnlab.network import (
 )
 
 # Images per numpy pass: small enough that the (25, n, 10, 400) product array stays in cache.
-CHUNK_IMAGES = 8
+PASS_IMAGES = 8
 
 
 class Scratch:
@@ -64,7 +64,7 @@ def forward(
 
 
 class CpuBackend:
-    """The numpy forward over chunks of a batch, spread over a thread per core (numpy frees the GIL)."""
+    """The numpy forward over passes of a batch, spread over a thread per core (numpy frees the GIL)."""
 
     name = "cpu"
     batch_size = 1024
@@ -78,12 +78,12 @@ class CpuBackend:
         threads = threads or os.cpu_count() or 1
         self.device = f"{platform.machine() or 'cpu'}, {threads} threads"
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="cnnlab-cpu")
-        self._scratch = threading.local()  # each thread's Scratch for each chunk size it has met
+        self._scratch = threading.local()  # each thread's Scratch for each pass size it has met
 
     def allocate_images(self, count: int) -> np.ndarray:
         return np.empty((count, INPUT_DIM, INPUT_DIM))
 
-    def _forward_chunk(self, images: np.ndarray, out: np.ndarray) -> None:
+    def _forward_pass(self, images: np.ndarray, out: np.ndarray) -> None:
         by_size = self._scratch.__dict__.setdefault("by_size", {})
         scratch = by_size.get(len(images))
         if scratch is None:
@@ -93,9 +93,9 @@ class CpuBackend:
     def compute(self, batch: ImageBatch) -> OutputBatch:
         images = batch.images
         outputs = np.empty((len(images), OUT_LAYER_SIZE))
-        starts = range(0, len(images), CHUNK_IMAGES)
+        starts = range(0, len(images), PASS_IMAGES)
         for _ in self._pool.map(
-            lambda start: self._forward_chunk(images[start : start + CHUNK_IMAGES], outputs[start : start + CHUNK_IMAGES]), starts
+            lambda start: self._forward_pass(images[start : start + PASS_IMAGES], outputs[start : start + PASS_IMAGES]), starts
         ):
             pass
         return OutputBatch(outputs)

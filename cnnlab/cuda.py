@@ -1,17 +1,21 @@
-"""The CUDA backend (the lab's cuda.rs): CudaContext owns the driver context, the module, the
-streams and every device and page-locked host buffer, and frees them in order.
+"""The CUDA backend (the lab's cuda.rs). Three small pieces, as tinygrad's runtime has them:
 
-compute(batch) cuts the batch into chunks and deals them round-robin to a few "lanes", each a
-stream with its own device buffers. On a lane a chunk is copied in, run through conv2d_relu and
-flattened_to_dense, and its partial sums copied back, so the copy in of one chunk overlaps the
-kernels of another and the copy out of a third. As each chunk's partials arrive, the host adds
-them up with numpy while the later chunks are still on the device.
+- `Allocator` owns device and page-locked host memory: what it gives out it can take back, and
+  whatever is still out when the context closes it frees;
+- `Lane` schedules one chunk at a time on its own stream: copy in, both kernels, partials out;
+- `CudaContext` owns the driver context, the module, the weights, the lanes and the allocator,
+  and frees them in order, the context last.
+
+compute(batch) deals the batch's chunks round-robin to the lanes, so the copy in of one chunk
+overlaps the kernels of another and the copy out of a third; as each chunk's partials arrive the
+host adds them up with numpy while later chunks are still on the device.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+import statistics
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -19,31 +23,20 @@ from typing import Any
 import numpy as np
 
 from cnnlab.errors import DeviceError, DeviceLostError
-from cnnlab.network import (
-    CONV_OUT_DIM,
-    IMAGE_BYTES,
-    INPUT_DIM,
-    OUT_LAYER_SIZE,
-    OUT_NEURON_DIM,
-    Cnn,
-    ImageBatch,
-    OutputBatch,
-)
+from cnnlab.kernels import DENSE_MAX_THREADS, Conv2dRelu, FlattenedToDense
+from cnnlab.network import IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM, Cnn, ImageBatch, OutputBatch
 from cnnlab.ptx import ensure_ptx
 
-CONV_THREADS = 160  # CONV_BANDS_PER_BLOCK * CONV_OUT_DIM in kernel.cu
-CONV_BANDS_PER_BLOCK = 8
-DENSE_MAX_THREADS = 1024
-BLOCKS_PER_SM = 8  # grid-stride kernels: enough resident blocks to hide memory latency
+# Images per compute() call from the command line: the run's two page-locked buffers stay at ~330 MB.
 DEFAULT_BATCH_IMAGES = 2048
 
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """How the work is spread: lanes (streams), images per chunk, partials per output, grid sizes."""
+    """How the work is spread: lanes (streams), images per chunk, segments, thread-block counts."""
 
     streams: int = 3
-    chunk_images: int = 2048  # the most images a lane's device buffers hold
+    chunk_images: int | None = None  # None: the batch dealt evenly over the lanes, so one batch already overlaps
     segments: int = 4  # partial sums per output: flattened_to_dense's gridDim.y
     dense_threads: int = 256
     conv_blocks: int | None = None  # None: sized to the device
@@ -51,13 +44,16 @@ class LaunchConfig:
     lane_bytes_cap: int | None = None  # the most device memory the lanes may take; None: what is free
 
     def __post_init__(self) -> None:
-        if min(self.streams, self.chunk_images, self.segments) < 1 or self.segments > OUT_NEURON_DIM // 2:
+        if self.streams < 1 or (self.chunk_images is not None and self.chunk_images < 1):
             raise ValueError(f"invalid launch configuration {self}")
+        if not 1 <= self.segments <= OUT_NEURON_DIM // 2:
+            raise ValueError(f"segments must be between 1 and {OUT_NEURON_DIM // 2}, not {self.segments}")
         if self.dense_threads % 32 or not 32 <= self.dense_threads <= DENSE_MAX_THREADS:
             raise ValueError(f"dense_threads must be a multiple of 32 up to {DENSE_MAX_THREADS}")
 
 
-def _import_driver() -> Any:
+def import_driver() -> Any:
+    """pycuda.driver, or a one-line DeviceError saying what is missing."""
     try:
         import pycuda.driver as driver
     except ModuleNotFoundError:
@@ -68,9 +64,9 @@ def _import_driver() -> Any:
 
 
 @contextmanager
-def _device_errors(what: str) -> Iterator[None]:
+def device_errors(what: str) -> Iterator[None]:
     """Turn the driver's exceptions into a one-line DeviceError saying what was being done."""
-    driver = _import_driver()
+    driver = import_driver()
     try:
         yield
     except driver.Error as error:
@@ -89,24 +85,97 @@ def _context_lost(driver: Any) -> bool:
     return False
 
 
-@dataclass
-class _Lane:
-    """One stream and the device buffers of the chunk in flight on it."""
+class Allocator:
+    """Device and page-locked host memory: alloc, free, and free_all for whatever is still out."""
 
-    stream: Any
-    images: Any  # chunk x 100 x 100
-    conv_out: Any  # chunk x 4000
-    partials: Any  # segments x chunk x 10
-    staging: np.ndarray | None = None  # page-locked copy of a pageable chunk, made on first need
-    staging_free: Any = None  # event: the last copy out of `staging` has finished
+    def __init__(self, driver: Any) -> None:
+        self._driver = driver
+        self._device: list[Any] = []
+        self._host: list[np.ndarray] = []
+
+    def device(self, nbytes: int) -> Any:
+        allocation = self._driver.mem_alloc(nbytes)
+        self._device.append(allocation)
+        return allocation
+
+    def host(self, shape: tuple[int, ...]) -> np.ndarray:
+        buffer = self._driver.pagelocked_empty(shape, np.float64)
+        self._host.append(buffer)
+        return buffer
+
+    def free(self, allocation: Any) -> None:
+        """Give back a device allocation or a page-locked buffer made here."""
+        if isinstance(allocation, np.ndarray):
+            self._host = [buffer for buffer in self._host if buffer is not allocation]
+            allocation.base.free()
+        else:
+            self._device = [held for held in self._device if held is not allocation]
+            allocation.free()
+
+    def is_page_locked(self, array: np.ndarray) -> bool:
+        start = array.ctypes.data
+        return any(buffer.ctypes.data <= start < buffer.ctypes.data + buffer.nbytes for buffer in self._host)
+
+    def free_all(self) -> None:
+        for allocation in [*self._device, *self._host]:
+            self.free(allocation)
+
+
+class Lane:
+    """A stream and the device buffers of one chunk: copy in, launch both kernels, copy the partials out."""
+
+    def __init__(self, driver: Any, memory: Allocator, chunk: int, segments: int) -> None:
+        self.stream = driver.Stream()
+        self._driver, self._memory, self.chunk = driver, memory, chunk
+        self.images = memory.device(chunk * IMAGE_BYTES)
+        self.conv_out = memory.device(chunk * OUT_NEURON_DIM * 8)
+        self.partials = memory.device(segments * chunk * OUT_LAYER_SIZE * 8)
+        self._staging: np.ndarray | None = None  # page-locked copy of a pageable chunk, made on first need
+        self._staging_free = driver.Event()  # the last copy out of the staging buffer has finished
+
+    def copy_in(self, images: np.ndarray, page_locked: bool) -> int:
+        """Copy a chunk of host images to the lane's device buffer (through staging if pageable); its address."""
+        if not page_locked:
+            if self._staging is None:
+                self._staging = self._memory.host((self.chunk, INPUT_DIM, INPUT_DIM))
+            self._staging_free.synchronize()
+            staged = self._staging[: len(images)]
+            np.copyto(staged, images)
+            images = staged
+        self._driver.memcpy_htod_async(self.images, images, self.stream)
+        if not page_locked:
+            self._staging_free.record(self.stream)
+        return int(self.images)
+
+    def run(self, conv: Conv2dRelu, dense: FlattenedToDense, images: int, weights: Any, count: int) -> None:
+        conv(self.stream, images, self.conv_out, count)
+        dense(self.stream, self.conv_out, weights, self.partials, count, self.chunk)
+
+    def copy_out(self, partials: np.ndarray, done: Any) -> None:
+        """Copy the chunk's partials to page-locked `partials` and record `done` when they are there."""
+        self._driver.memcpy_dtoh_async(partials, self.partials, self.stream)
+        done.record(self.stream)
+
+    def free(self) -> None:
+        for allocation in (self.images, self.conv_out, self.partials, self._staging):
+            if allocation is not None:
+                self._memory.free(allocation)
 
 
 @dataclass
 class DeviceImages:
-    """Images already in device memory (for the benchmark's resident figure); owned by the context."""
+    """Images in device memory (the benchmark's resident figure); context.free(images) gives them back."""
 
     allocation: Any
     count: int
+
+
+@dataclass(frozen=True)
+class CopyRates:
+    """The copy bounds in bytes per second: host-to-device from page-locked memory, device-to-device (read + written)."""
+
+    host_to_device: float
+    device_to_device: float
 
 
 class CudaContext:
@@ -116,19 +185,16 @@ class CudaContext:
 
     def __init__(self, cnn: Cnn, batch_size: int | None = None, config: LaunchConfig | None = None) -> None:
         self.config = config or LaunchConfig()
-        # The command line's batches: the run's two page-locked buffers stay at ~330 MB.
         self.batch_size = batch_size or DEFAULT_BATCH_IMAGES
-        # A batch is spread over every lane, so that even one batch overlaps copies with kernels.
-        self._chunk = min(self.config.chunk_images, math.ceil(self.batch_size / self.config.streams))
-        self._driver = driver = _import_driver()
+        self._chunk = self.config.chunk_images or math.ceil(self.batch_size / self.config.streams)
+        self._driver = driver = import_driver()
+        self._memory = Allocator(driver)
         ptx = ensure_ptx()
         self._context = None
-        self._lanes: list[_Lane] = []
-        self._host: list[np.ndarray] = []  # page-locked buffers, freed on close
-        self._device: list[Any] = []  # device allocations other than the lanes'
-        self._host_partials: np.ndarray | None = None  # page-locked (chunks, segments, chunk, 10)
+        self._lanes: list[Lane] = []
+        self._host_partials: np.ndarray | None = None  # page-locked (chunks, segments, chunk, 10), grown as needed
         self._chunk_done: list[Any] = []  # an event per chunk: its partials are on the host
-        with _device_errors("cannot start CUDA"):
+        with device_errors("cannot start CUDA"):
             driver.init()
             if driver.Device.count() == 0:
                 raise DeviceError("no CUDA device found")
@@ -138,46 +204,32 @@ class CudaContext:
             self._context.push()
         try:
             self.device = device.name()
-            self._sm_count = device.get_attribute(driver.device_attribute.MULTIPROCESSOR_COUNT)
-            with _device_errors(f"cannot load {ptx}"):
+            sm_count = device.get_attribute(driver.device_attribute.MULTIPROCESSOR_COUNT)
+            with device_errors(f"cannot load {ptx}"):
                 self._module = driver.module_from_file(str(ptx))
-                self._conv = self._module.get_function("conv2d_relu")
-                self._conv.prepare("PPi")
-                self._dense = self._module.get_function("flattened_to_dense")
-                self._dense.prepare("PPPii")
-                filters, _ = self._module.get_global("filters")
-                driver.memcpy_htod(filters, cnn.filters)
-                self._weights = self._device_alloc(cnn.weights.nbytes)
+                self._conv = Conv2dRelu(self._module, sm_count, self.config.conv_blocks)
+                self._dense = FlattenedToDense(
+                    self._module, sm_count, self.config.segments, self.config.dense_threads, self.config.dense_blocks
+                )
+                driver.memcpy_htod(self._module.get_global("filters")[0], cnn.filters)
+                self._weights = self._memory.device(cnn.weights.nbytes)
                 driver.memcpy_htod(self._weights, cnn.weights)
             self._make_lanes()
         except BaseException:
             self.close()
             raise
 
-    def _device_alloc(self, nbytes: int) -> Any:
-        allocation = self._driver.mem_alloc(nbytes)
-        self._device.append(allocation)
-        return allocation
-
     def _make_lanes(self) -> None:
-        """Allocate each lane's device buffers, halving the chunk until they fit in device memory."""
-        driver = self._driver
-        streams, segments, cap = self.config.streams, self.config.segments, self.config.lane_bytes_cap
+        """Make the lanes, halving the chunk until their device buffers fit (or fit under the cap)."""
+        streams, cap = self.config.streams, self.config.lane_bytes_cap
         while True:
             try:
-                lane_bytes = self._chunk * (IMAGE_BYTES + OUT_NEURON_DIM * 8 + segments * OUT_LAYER_SIZE * 8)
+                lane_bytes = self._chunk * (IMAGE_BYTES + OUT_NEURON_DIM * 8 + self.config.segments * OUT_LAYER_SIZE * 8)
                 if cap is not None and streams * lane_bytes > cap:
                     raise DeviceError(f"{streams} lanes of {self._chunk} images need more than {cap} bytes")
-                with _device_errors("cannot allocate device buffers"):
+                with device_errors("cannot allocate device buffers"):
                     for _ in range(streams):
-                        self._lanes.append(
-                            _Lane(
-                                stream=driver.Stream(),
-                                images=driver.mem_alloc(self._chunk * IMAGE_BYTES),
-                                conv_out=driver.mem_alloc(self._chunk * OUT_NEURON_DIM * 8),
-                                partials=driver.mem_alloc(segments * self._chunk * OUT_LAYER_SIZE * 8),
-                            )
-                        )
+                        self._lanes.append(Lane(self._driver, self._memory, self._chunk, self.config.segments))
                 return
             except DeviceError:
                 self._free_lanes()
@@ -192,108 +244,86 @@ class CudaContext:
 
     def allocate_images(self, count: int) -> np.ndarray:
         """A page-locked host buffer: chunks copy from it straight to the device, with no staging."""
-        with _device_errors("cannot allocate page-locked host memory"):
-            buffer = self._driver.pagelocked_empty((count, INPUT_DIM, INPUT_DIM), np.float64)
-        self._host.append(buffer)
-        return buffer
-
-    def _is_page_locked(self, array: np.ndarray) -> bool:
-        start = array.ctypes.data
-        return any(buffer.ctypes.data <= start < buffer.ctypes.data + buffer.nbytes for buffer in self._host)
+        with device_errors("cannot allocate page-locked host memory"):
+            return self._memory.host((count, INPUT_DIM, INPUT_DIM))
 
     def upload(self, batch: ImageBatch) -> DeviceImages:
-        """Copy a batch to device memory once, for compute_resident()."""
-        with _device_errors("cannot copy images to the device"):
-            allocation = self._device_alloc(batch.images.nbytes)
+        """Copy a batch to device memory once, for compute_resident(); free() gives the memory back."""
+        with device_errors("cannot copy images to the device"):
+            allocation = self._memory.device(batch.images.nbytes)
             self._driver.memcpy_htod(allocation, batch.images)
         return DeviceImages(allocation, len(batch))
 
+    def free(self, images: DeviceImages) -> None:
+        self._memory.free(images.allocation)
+
     def compute(self, batch: ImageBatch) -> OutputBatch:
         """Outputs for a host batch: copies in, both kernels, partials back, reduction on the host."""
-        return self._run(len(batch), host_images=batch.images)
+        page_locked = self._memory.is_page_locked(batch.images)
+        return self._run(len(batch), lambda lane, first, count: lane.copy_in(batch.images[first : first + count], page_locked))
 
     def compute_resident(self, images: DeviceImages) -> OutputBatch:
         """Outputs for images already on the device: the kernels, the partials' copy and the reduction."""
-        return self._run(images.count, device_images=int(images.allocation))
+        return self._run(images.count, lambda lane, first, count: int(images.allocation) + first * IMAGE_BYTES)
 
-    def _run(self, count: int, host_images: np.ndarray | None = None, device_images: int | None = None) -> OutputBatch:
-        chunk, segments = self._chunk, self.config.segments
+    def _run(self, count: int, images_on: Callable[[Lane, int, int], int]) -> OutputBatch:
+        """Every chunk through a lane in turn; `images_on(lane, first, count)` gives the chunk's device address."""
+        chunk = self._chunk
         chunks = math.ceil(count / chunk)
-        host_partials = self._host_partials_for(chunks)
-        page_locked = host_images is not None and self._is_page_locked(host_images)
-        driver = self._driver
+        partials = self._partials_for(chunks)
         outputs = np.empty((chunks * chunk, OUT_LAYER_SIZE))
-        with _device_errors("CUDA error while computing"):
+        with device_errors("CUDA error while computing"):
             for index in range(chunks):
-                lane = self._lanes[index % len(self._lanes)]
-                first = index * chunk
-                images_now = min(chunk, count - first)
-                if host_images is not None:
-                    source = host_images[first : first + images_now]
-                    if not page_locked:
-                        source = self._stage(lane, source)
-                    driver.memcpy_htod_async(lane.images, source, lane.stream)
-                    if not page_locked:
-                        lane.staging_free.record(lane.stream)
-                    images = int(lane.images)
-                else:
-                    images = device_images + first * IMAGE_BYTES
-                conv_blocks = self.config.conv_blocks or min(
-                    math.ceil(images_now * CONV_OUT_DIM / CONV_BANDS_PER_BLOCK), self._sm_count * BLOCKS_PER_SM
-                )
-                self._conv.prepared_async_call(
-                    (conv_blocks, 1), (CONV_THREADS, 1, 1), lane.stream, images, lane.conv_out, np.int32(images_now)
-                )
-                dense_blocks = self.config.dense_blocks or min(
-                    images_now, max(1, self._sm_count * BLOCKS_PER_SM // segments)
-                )
-                self._dense.prepared_async_call(
-                    (dense_blocks, segments),
-                    (self.config.dense_threads, 1, 1),
-                    lane.stream,
-                    lane.conv_out,
-                    self._weights,
-                    lane.partials,
-                    np.int32(images_now),
-                    np.int32(chunk),
-                )
-                driver.memcpy_dtoh_async(host_partials[index], lane.partials, lane.stream)
-                self._chunk_done[index].record(lane.stream)
+                lane, first = self._lanes[index % len(self._lanes)], index * chunk
+                size = min(chunk, count - first)
+                lane.run(self._conv, self._dense, images_on(lane, first, size), self._weights, size)
+                lane.copy_out(partials[index], self._chunk_done[index])
             for index in range(chunks):
                 self._chunk_done[index].synchronize()
                 # Sum over the segments axis (the leading one): numpy adds whole rows in segment order.
-                np.sum(host_partials[index], axis=0, out=outputs[index * chunk : (index + 1) * chunk])
+                np.sum(partials[index], axis=0, out=outputs[index * chunk : (index + 1) * chunk])
         return OutputBatch(outputs[:count])
 
-    def _stage(self, lane: _Lane, source: np.ndarray) -> np.ndarray:
-        """Copy a pageable chunk into the lane's page-locked staging buffer, once the last copy from it is done."""
-        if lane.staging is None:
-            lane.staging = self.allocate_images(self._chunk)
-            lane.staging_free = self._driver.Event()
-        else:
-            lane.staging_free.synchronize()
-        staged = lane.staging[: len(source)]
-        np.copyto(staged, source)
-        return staged
-
-    def _host_partials_for(self, chunks: int) -> np.ndarray:
+    def _partials_for(self, chunks: int) -> np.ndarray:
         """Page-locked room for the partials of `chunks` chunks, and an event for each; grown as needed."""
         if self._host_partials is None or len(self._host_partials) < chunks:
-            with _device_errors("cannot allocate page-locked host memory"):
+            with device_errors("cannot allocate page-locked host memory"):
                 if self._host_partials is not None:
-                    self._host_partials.base.free()
+                    self._memory.free(self._host_partials)
                     self._host_partials = None
-                self._host_partials = self._driver.pagelocked_empty(
-                    (chunks, self.config.segments, self._chunk, OUT_LAYER_SIZE), np.float64
-                )
+                self._host_partials = self._memory.host((chunks, self.config.segments, self._chunk, OUT_LAYER_SIZE))
                 no_timing = self._driver.event_flags.DISABLE_TIMING
                 self._chunk_done += [self._driver.Event(no_timing) for _ in range(chunks - len(self._chunk_done))]
         return self._host_partials
 
+    def copy_rates(self, host: np.ndarray, images: DeviceImages, repeats: int) -> CopyRates:
+        """The copy bounds, timed with CUDA events: `host` (page-locked) to the device, and `images` within it."""
+        driver, nbytes = self._driver, host.nbytes
+        with device_errors("cannot time the copy bounds"):
+            target = self._memory.device(nbytes)
+            try:
+                stream, start, end = driver.Stream(), driver.Event(), driver.Event()
+
+                def seconds(copy: Callable[[], None]) -> float:
+                    copy()
+                    times = []
+                    for _ in range(repeats):
+                        start.record(stream)
+                        copy()
+                        end.record(stream)
+                        end.synchronize()
+                        times.append(end.time_since(start) / 1e3)
+                    return statistics.median(times)
+
+                h2d = nbytes / seconds(lambda: driver.memcpy_htod_async(target, host, stream))
+                d2d = 2 * nbytes / seconds(lambda: driver.memcpy_dtod_async(target, images.allocation, nbytes, stream))
+            finally:
+                self._memory.free(target)
+        return CopyRates(h2d, d2d)
+
     def _free_lanes(self) -> None:
         for lane in self._lanes:
-            for allocation in (lane.images, lane.conv_out, lane.partials):
-                allocation.free()
+            lane.free()
         self._lanes = []
 
     def close(self) -> None:
@@ -306,13 +336,8 @@ class CudaContext:
         try:
             if not _context_lost(self._driver):
                 self._free_lanes()
-                for allocation in self._device:
-                    allocation.free()
-                for buffer in self._host:
-                    buffer.base.free()
-                if self._host_partials is not None:
-                    self._host_partials.base.free()
-                self._lanes, self._device, self._host, self._host_partials, self._chunk_done = [], [], [], None, []
+                self._memory.free_all()
+                self._host_partials, self._chunk_done = None, []
                 self._conv = self._dense = self._module = None
         finally:
             self._context.pop()

@@ -11,6 +11,17 @@ from typing import Protocol
 
 import numpy as np
 
+# One word per idea for sizes, everywhere in cnnlab:
+#   image    one 100x100 input matrix; its outputs are one row of OUT_LAYER_SIZE values.
+#   batch    the images of one backend.compute() call; a run's host buffers hold one batch (--batch).
+#   step     the images one reader.read_into() call fills: a batch is read a step at a time.
+#   pass     (CPU) the images one vectorised numpy pass computes, sized to stay in cache.
+#   chunk    (GPU) the images a lane holds on the device and runs through both kernels at once.
+#   lane     (GPU) a CUDA stream with the device buffers of one chunk.
+#   segment  (GPU) a slice of the 4000 flattened values: flattened_to_dense writes one partial dot
+#            product per segment, and the host adds them up.
+#   block    (CSV) a run of whole lines read and parsed together; a CUDA "thread block" is always
+#            called that in full.
 INPUT_DIM = 100  # an image is INPUT_DIM x INPUT_DIM
 FILTER_DIM = 5  # each convolution filter is FILTER_DIM x FILTER_DIM, applied at stride FILTER_DIM
 CONV_LAYER_SIZE = 10  # number of filters
@@ -18,6 +29,8 @@ CONV_OUT_DIM = INPUT_DIM // FILTER_DIM  # each filter gives a CONV_OUT_DIM x CON
 OUT_NEURON_DIM = CONV_LAYER_SIZE * CONV_OUT_DIM * CONV_OUT_DIM  # 4000 flattened values
 OUT_LAYER_SIZE = 10  # number of output neurons
 IMAGE_BYTES = INPUT_DIM * INPUT_DIM * 8  # 80,000 bytes of float64 per image
+# Floating-point operations per image: a multiply and an add per convolution tap and per weight.
+FLOPS_PER_IMAGE = 2 * (CONV_LAYER_SIZE * CONV_OUT_DIM * CONV_OUT_DIM * FILTER_DIM * FILTER_DIM + OUT_LAYER_SIZE * OUT_NEURON_DIM)
 
 
 def _checked(name: str, array: np.ndarray, shape: tuple[int | None, ...]) -> np.ndarray:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cnnlab.errors import CnnlabError, DeviceError
+from cnnlab.kernels import nvcc_defines
 from cnnlab.resources import resource_dir
 
 DEFAULT_ARCH = "compute_75"
@@ -27,9 +28,14 @@ def kernel_source() -> Path:
     return resource_dir("kernel") / "kernel.cu"
 
 
+# The Python files that define the sizes the build passes to nvcc: a change there is a change of the kernel.
+SIZE_SOURCES = (Path(__file__).with_name("network.py"), Path(__file__).with_name("kernels.py"))
+
+
 def is_stale(source: Path, ptx: Path) -> bool:
-    """True when `ptx` is missing or older than `source`."""
-    return not ptx.exists() or ptx.stat().st_mtime < source.stat().st_mtime
+    """True when `ptx` is missing or older than `source` or the files that define its sizes."""
+    newest = max(path.stat().st_mtime for path in (source, *SIZE_SOURCES))
+    return not ptx.exists() or ptx.stat().st_mtime < newest
 
 
 def build_ptx(source: Path, ptx: Path, arch: str = DEFAULT_ARCH) -> Path:
@@ -38,7 +44,7 @@ def build_ptx(source: Path, ptx: Path, arch: str = DEFAULT_ARCH) -> Path:
     if nvcc is None:
         raise DeviceError(f"nvcc not found on PATH: cannot build {ptx} from {source}; install the CUDA toolkit")
     partial = ptx.with_name(f".{ptx.name}.{os.getpid()}.tmp")
-    command = [nvcc, "-ptx", f"-arch={arch}", "-O3", "-o", str(partial), str(source)]
+    command = [nvcc, "-ptx", f"-arch={arch}", "-O3", *nvcc_defines(), "-o", str(partial), str(source)]
     try:
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:

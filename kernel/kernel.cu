@@ -1,7 +1,7 @@
 // The Lab 3 CNN's two layers as CUDA kernels over a batch of images, all float64.
 //
-// Build:  python build.py            (nvcc -ptx, virtual architecture compute_75: the driver
-//                                     compiles the PTX for whatever GPU it loads on)
+// Build:  python build.py            (nvcc -ptx with the sizes as -D flags, virtual architecture
+//                                     compute_75: the driver compiles the PTX for the GPU it loads on)
 // Run:    python -m cnnlab cuda      (cnnlab/cuda.py loads kernel/kernel.ptx and launches these)
 // Check:  pytest -m gpu tests/test_cuda.py   (outputs against the numpy CPU backend, the reference)
 //
@@ -17,13 +17,13 @@
 // about 48 ns, ~20 million images/s. 100,000 + 40,000 multiply-adds: 0.28 MFLOP, 5.6 TFLOP/s at
 // that rate, well under the FP64 peak. Both kernels are bound by memory, not arithmetic.
 
-#define INPUT_DIM 100
-#define FILTER_DIM 5
+// Every size below comes from cnnlab/network.py and cnnlab/kernels.py, passed by the build step as
+// -D flags (cnnlab.kernels.nvcc_defines()); they are defined there once, never here.
+#if !defined(INPUT_DIM) || !defined(FILTER_DIM) || !defined(CONV_LAYER_SIZE) || !defined(CONV_OUT_DIM) || \
+    !defined(OUT_NEURON_DIM) || !defined(OUT_LAYER_SIZE) || !defined(CONV_BANDS_PER_BLOCK) || !defined(DENSE_MAX_THREADS)
+#error "kernel sizes missing: build with `python build.py`, which passes them as -D flags"
+#endif
 #define FILTER_TAPS (FILTER_DIM * FILTER_DIM)
-#define CONV_LAYER_SIZE 10
-#define CONV_OUT_DIM 20
-#define OUT_NEURON_DIM 4000
-#define OUT_LAYER_SIZE 10
 #define BAND_DOUBLES (FILTER_DIM * INPUT_DIM)  // 5 image rows: all the input of one output row
 
 // The filters are read by every thread at the same time and address: constant memory broadcasts them.
@@ -40,7 +40,6 @@ __constant__ double filters[CONV_LAYER_SIZE * FILTER_TAPS];
 //
 // Each sum runs over the 25 taps in cpu.rs's order with separately rounded multiplies and adds
 // (__dmul_rn/__dadd_rn are never fused into FMAs), so conv_out equals the CPU's bit for bit.
-#define CONV_BANDS_PER_BLOCK 8
 #define CONV_THREADS (CONV_BANDS_PER_BLOCK * CONV_OUT_DIM)  // launch with this block size
 
 extern "C" __global__ void __launch_bounds__(CONV_THREADS)
@@ -92,7 +91,6 @@ conv2d_relu(const double *__restrict__ images, double *__restrict__ conv_out, in
 // warp shuffles within each warp, shared memory across warps, and writes one partial per neuron to
 // partials[p][image][n] (row stride `stride` images). The host adds the gridDim.y partials.
 // Launch with a block size that is a multiple of 32, at most DENSE_MAX_THREADS.
-#define DENSE_MAX_THREADS 1024
 #define WARP 32
 
 extern "C" __global__ void

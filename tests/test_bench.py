@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from helpers import assert_one_line_error, cnnlab
 
-from cnnlab.bench import format_table, ratios
+from cnnlab.bench import BenchOptions, BenchReport, Figure, format_table, ratios
 
 
 def test_bench_cpu_row_table_and_json(tmp_path: Path) -> None:
@@ -34,19 +34,17 @@ def test_bench_reader_rows_are_measured_against_loadtxt(tmp_path: Path) -> None:
 
 
 def test_ratios_come_from_the_figures() -> None:
-    def figure(row: str, rate: float, bound: str | None = None, key: str | None = None) -> dict:
-        return {"row": row, "name": row, "images_per_second": rate, "bound": bound, "key": key, "bytes_per_second": None}
-
-    report = {
-        "figures": [
-            figure("lab", 10.0),
-            figure("pinned", 80.0, bound="h2d"),
-            figure("bounds", 100.0, key="h2d"),
-            figure("resident", 500.0, bound="d2d"),
-            figure("bounds", 2000.0, key="d2d"),
+    report = BenchReport(
+        BenchOptions(),
+        figures=[
+            Figure("lab", "lab", 10.0),
+            Figure("pinned", "pinned", 80.0, bound="h2d"),
+            Figure("bounds", "bounds", 100.0, key="h2d"),
+            Figure("resident", "resident", 500.0, bound="d2d"),
+            Figure("bounds", "bounds", 2000.0, key="d2d"),
         ],
-        "notes": ["torch rows not run: no torch"],
-    }
+        notes=["torch rows not run: no torch"],
+    )
     rows = {row["row"] + str(row["key"]): row for row in ratios(report)}
     assert rows["pinnedNone"]["of_bound"] == 0.8 and rows["pinnedNone"]["of_lab"] == 8.0
     assert rows["residentNone"]["of_bound"] == 0.25 and rows["boundsh2d"]["of_bound"] is None

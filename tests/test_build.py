@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -58,3 +60,21 @@ def test_compile_error_is_reported(tmp_path: Path) -> None:
     with pytest.raises(DeviceError, match="nvcc failed"):
         ptx.build_ptx(source, tmp_path / "kernel.ptx")
     assert [p.name for p in tmp_path.iterdir()] == ["kernel.cu"]
+
+
+@needs_nvcc
+def test_kernel_sizes_come_from_python_alone(tmp_path: Path) -> None:
+    """The PTX's launch bounds and shared arrays are the sizes cnnlab/kernels.py and network.py define;
+    without the build step's -D flags the kernel does not compile at all."""
+    from cnnlab.kernels import CONV_BANDS_PER_BLOCK, CONV_THREADS, DENSE_MAX_THREADS
+    from cnnlab.network import CONV_LAYER_SIZE, FILTER_DIM, INPUT_DIM
+
+    text = ptx.build_ptx(ptx.kernel_source(), tmp_path / "kernel.ptx").read_text()
+    conv = text[text.index(".entry conv2d_relu(") :]
+    assert re.search(r"\.maxntid (\d+), 1, 1", conv)[1] == str(CONV_THREADS)
+    tile_bytes = CONV_BANDS_PER_BLOCK * FILTER_DIM * INPUT_DIM * 8
+    assert re.search(rf"\.shared \.align 16 \.b8 [\w$]*tile\[{tile_bytes}\]", text), "conv2d_relu's tile"
+    warp_sums_bytes = DENSE_MAX_THREADS // 32 * CONV_LAYER_SIZE * 8
+    assert re.search(rf"\.shared \.align 8 \.b8 [\w$]*warp_sums\[{warp_sums_bytes}\]", text), "flattened_to_dense's warp sums"
+    result = subprocess.run(["nvcc", "-ptx", "-o", str(tmp_path / "bare.ptx"), str(ptx.kernel_source())], capture_output=True, text=True)
+    assert result.returncode != 0 and "kernel sizes missing" in result.stderr

@@ -48,7 +48,7 @@ for stage in $stages; do
       {
         timed "parse only" python3 -c "
 import sys, numpy as np
-from cnnlab.files import CsvImageReader
+from cnnlab.labcsv import CsvImageReader
 with CsvImageReader(sys.argv[1]) as reader:
     buffer = np.empty((reader.step, 100, 100))
     while reader.read_into(buffer): pass" "$WORK/bar/in.csv"

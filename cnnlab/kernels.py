@@ -1,0 +1,70 @@
+"""The CNN kernels' sizes, defined here once, and one launcher per kernel.
+
+The build step hands every size to nvcc as a -D flag (kernel.cu has no defaults, so the two sides
+cannot disagree), and tests/test_build.py reads the launch bounds back out of the PTX. Each
+launcher is what llm.c's launchers are: the grid from the sizes, the launch, and the check (PyCUDA
+raises the driver's launch error at once; the caller turns it into a DeviceError).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from cnnlab.network import CONV_LAYER_SIZE, CONV_OUT_DIM, FILTER_DIM, IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM
+
+CONV_BANDS_PER_BLOCK = 8  # output rows (bands of 5 input rows) one conv2d_relu thread block handles at a time
+CONV_THREADS = CONV_BANDS_PER_BLOCK * CONV_OUT_DIM  # conv2d_relu's thread-block size: a thread per output column
+DENSE_MAX_THREADS = 1024  # flattened_to_dense's largest thread block (its shared memory is sized for it)
+BLOCKS_PER_SM = 8  # grid-stride kernels: enough resident thread blocks to hide memory latency
+
+
+def nvcc_defines() -> list[str]:
+    """Every size kernel.cu uses, as nvcc -D flags."""
+    sizes = {
+        "INPUT_DIM": INPUT_DIM,
+        "FILTER_DIM": FILTER_DIM,
+        "CONV_LAYER_SIZE": CONV_LAYER_SIZE,
+        "CONV_OUT_DIM": CONV_OUT_DIM,
+        "OUT_NEURON_DIM": OUT_NEURON_DIM,
+        "OUT_LAYER_SIZE": OUT_LAYER_SIZE,
+        "CONV_BANDS_PER_BLOCK": CONV_BANDS_PER_BLOCK,
+        "DENSE_MAX_THREADS": DENSE_MAX_THREADS,
+    }
+    return [f"-D{name}={value}" for name, value in sizes.items()]
+
+
+def device_bytes_per_image(segments: int) -> int:
+    """Device-memory traffic per image: its input read, conv_out written and read back, its partials written."""
+    return IMAGE_BYTES + 2 * OUT_NEURON_DIM * 8 + segments * OUT_LAYER_SIZE * 8
+
+
+class Conv2dRelu:
+    """conv2d_relu(images, conv_out, count): convolution and ReLU, a thread per output column of a band."""
+
+    def __init__(self, module: Any, sm_count: int, blocks: int | None = None) -> None:
+        self._function = module.get_function("conv2d_relu")
+        self._function.prepare("PPi")
+        self._max_blocks = blocks or sm_count * BLOCKS_PER_SM
+
+    def __call__(self, stream: Any, images: Any, conv_out: Any, count: int) -> None:
+        grid = (min(math.ceil(count * CONV_OUT_DIM / CONV_BANDS_PER_BLOCK), self._max_blocks), 1)
+        self._function.prepared_async_call(grid, (CONV_THREADS, 1, 1), stream, images, conv_out, np.int32(count))
+
+
+class FlattenedToDense:
+    """flattened_to_dense(conv_out, weights, partials, count, stride): a partial dot product per segment."""
+
+    def __init__(self, module: Any, sm_count: int, segments: int, threads: int, blocks: int | None = None) -> None:
+        self._function = module.get_function("flattened_to_dense")
+        self._function.prepare("PPPii")
+        self._segments, self._threads = segments, threads
+        self._max_blocks = blocks or max(1, sm_count * BLOCKS_PER_SM // segments)
+
+    def __call__(self, stream: Any, conv_out: Any, weights: Any, partials: Any, count: int, stride: int) -> None:
+        grid = (min(count, self._max_blocks), self._segments)
+        self._function.prepared_async_call(
+            grid, (self._threads, 1, 1), stream, conv_out, weights, partials, np.int32(count), np.int32(stride)
+        )
