@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Compile kernel/kernel.cu to kernel/kernel.ptx with nvcc: `python build.py [--arch compute_XX] [--force]`."""
+"""Compile kernel/*.cu to fatbins with nvcc: `python build.py [--arch sm_XX ...] [--force]`."""
 
 import sys
 
-from cnnlab.ptx import main
+from cnnlab.nvcc import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -51,7 +51,7 @@ def _nonnegative_float(text: str) -> float:
     return value
 
 
-def make_backend(mode: str, cnn: Cnn, batch_size: int | None) -> Backend:
+def make_backend(mode: str, cnn: Cnn, batch_size: int | None, host_parse: bool = False) -> Backend:
     """The backend for `mode`; the CUDA one is imported only when asked for."""
     if mode == "cpu":
         from cnnlab.cpu import CpuBackend
@@ -59,7 +59,7 @@ def make_backend(mode: str, cnn: Cnn, batch_size: int | None) -> Backend:
         return CpuBackend(cnn, batch_size)
     from cnnlab.cuda import CudaContext
 
-    return CudaContext(cnn, batch_size)
+    return CudaContext(cnn, batch_size, parse_csv=not host_parse)
 
 
 def _warn_trailing(input_path: str | os.PathLike, images: int, line: int | None) -> None:
@@ -83,7 +83,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.timing_json:
         refuse_same_file(args.timing_json, cnn_path, input_path, output_path)
     cnn = read_cnn(cnn_path)
-    with make_backend(args.mode, cnn, args.batch) as backend:
+    with make_backend(args.mode, cnn, args.batch, args.host_parse) as backend:
         stats = run_network(backend, input_path, output_path, read_ahead=not args.no_read_ahead)
         device = backend.device
     _warn_trailing(input_path, stats.images, stats.trailing_data_line)
@@ -99,6 +99,7 @@ def _run(args: argparse.Namespace) -> int:
             "images_per_second": stats.images_per_second,
             "loop_seconds": stats.loop_seconds,
             "loop_images_per_second": stats.images / stats.loop_seconds,
+            "startup_seconds": stats.startup_seconds,
         }
         with AtomicOutput(args.timing_json) as out:
             json.dump(figures, out, indent=2)
@@ -147,7 +148,16 @@ def _bench(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown bench rows {', '.join(sorted(unknown))}; choose from {','.join(BenchOptions.rows)}")
     sweep = (1, 16, 256, 4096, args.images) if args.plot else ()
     options = BenchOptions(
-        args.images, args.cpu_images, args.lab_images, args.reader_images, args.repeats, rows, sweep, args.chunk_images, args.streams
+        args.images,
+        args.cpu_images,
+        args.lab_images,
+        args.reader_images,
+        args.csv_images,
+        args.repeats,
+        rows,
+        sweep,
+        args.chunk_images,
+        args.streams,
     )
     report = run_bench(options, args.seed)
     print(format_table(report))
@@ -177,7 +187,13 @@ def build_parser() -> argparse.ArgumentParser:
             action="store_true",
             help="read each batch only while nothing computes: slower overall, but the timed work has the cores to itself",
         )
-        run.set_defaults(handler=_run, mode=mode)
+        if mode == "cuda":
+            run.add_argument(
+                "--host-parse",
+                action="store_true",
+                help="parse CSV input on the host's cores, as cpu mode does, instead of on the GPU (the default)",
+            )
+        run.set_defaults(handler=_run, mode=mode, host_parse=False)
 
     gen = commands.add_parser(
         "generate",
@@ -232,6 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("--cpu-images", defaults.cpu_images, "images for the cpu row"),
         ("--lab-images", defaults.lab_images, "images for the one-per-launch row"),
         ("--reader-images", defaults.reader_images, "images in the CSV file for the reader rows"),
+        ("--csv-images", defaults.csv_images, "images in the CSV file for the csv rows (cuda on CSV, whole loop)"),
         ("--repeats", defaults.repeats, "timed repeats per figure"),
     ):
         bench.add_argument(option, type=_positive_int, default=default, help=f"{what} (default {default})")
@@ -250,13 +267,20 @@ class _Terminated(BaseException):
     """SIGTERM, raised like KeyboardInterrupt so that temporary outputs are removed on the way out."""
 
 
-def _terminate(signum: int, frame: object) -> None:
-    raise _Terminated
+# Each signal the run stops for: what its handler raises, and the word the one-line message uses.
+_SIGNAL_EXITS = {signal.SIGINT: (KeyboardInterrupt, "interrupted"), signal.SIGTERM: (_Terminated, "terminated")}
+_received: list[int] = []  # the signals that arrived during this main() call
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    _received.append(signum)
+    raise _SIGNAL_EXITS[signum][0]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    signal.signal(signal.SIGTERM, _terminate)
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # even where the parent shell ignored it
+    _received.clear()
+    for signum in _SIGNAL_EXITS:  # SIGINT too, even where the parent shell ignored it
+        signal.signal(signum, _on_signal)
     try:
         args = build_parser().parse_args(argv)
         return args.handler(args)
@@ -271,9 +295,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CnnlabError as error:
         print(f"cnnlab: {error}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("cnnlab: interrupted", file=sys.stderr)
-        return 128 + signal.SIGINT
-    except _Terminated:
-        print("cnnlab: terminated", file=sys.stderr)
-        return 128 + signal.SIGTERM
+    except BaseException:
+        # A signal's exception can land inside the standard library's own clean-up (a lock being
+        # released, say) and come out as another error: whatever ends a run that a signal stopped
+        # is that signal's exit.
+        if not _received:
+            raise
+        print(f"cnnlab: {_SIGNAL_EXITS[_received[0]][1]}", file=sys.stderr)
+        return 128 + _received[0]

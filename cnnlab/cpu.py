@@ -68,6 +68,7 @@ class CpuBackend:
 
     name = "cpu"
     batch_size = 1024
+    csv_text = None  # CSV is parsed by the reader, into allocate_images' buffers
 
     def __init__(self, cnn: Cnn, batch_size: int | None = None, threads: int | None = None) -> None:
         self.batch_size = batch_size or self.batch_size

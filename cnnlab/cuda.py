@@ -1,9 +1,10 @@
 """The CUDA backend (the lab's cuda.rs). Three small pieces, as tinygrad's runtime has them:
 
-- `Allocator` owns device and page-locked host memory: what it gives out it can take back, and
-  whatever is still out when the context closes it frees;
-- `Lane` schedules one chunk at a time on its own stream: copy in, both kernels, partials out;
-- `CudaContext` owns the driver context, the module, the weights, the lanes and the allocator,
+- `Allocator` (lanes.py) owns device and page-locked host memory: what it gives out it can take
+  back, and whatever is still out when the context closes it frees;
+- `Lane` (lanes.py) schedules one chunk at a time on its own stream: images in, both kernels,
+  partials out;
+- `CudaContext` owns the driver context, the modules, the weights, the lanes and the allocator,
   and frees them in order, the context last.
 
 compute(batch) deals the batch's chunks round-robin to the lanes, so the copy in of one chunk
@@ -24,11 +25,16 @@ import numpy as np
 
 from cnnlab.errors import DeviceError, DeviceLostError
 from cnnlab.kernels import DENSE_MAX_THREADS, Conv2dRelu, FlattenedToDense
-from cnnlab.network import IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM, Cnn, ImageBatch, OutputBatch
-from cnnlab.ptx import ensure_ptx
+from cnnlab.lanes import Allocator, ChunkSource, CsvText, HostImages, Lane, ResidentImages
+from cnnlab.network import IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM, Cnn, ImageBatch, OutputBatch, TextBatching
+from cnnlab.nvcc import ensure_modules
 
 # Images per compute() call from the command line: the run's two page-locked buffers stay at ~330 MB.
 DEFAULT_BATCH_IMAGES = 2048
+# Images per compute() call when CSV text is parsed on the device: ~50 MB of text a batch, so that the
+# two page-locked windows are pinned in a few milliseconds (pinning runs at ~2 GB/s) and the first
+# batch reaches the GPU soon, while a batch still fills every lane with copies of several MB.
+DEFAULT_TEXT_BATCH_IMAGES = 256
 
 
 @dataclass(frozen=True)
@@ -85,83 +91,6 @@ def _context_lost(driver: Any) -> bool:
     return False
 
 
-class Allocator:
-    """Device and page-locked host memory: alloc, free, and free_all for whatever is still out."""
-
-    def __init__(self, driver: Any) -> None:
-        self._driver = driver
-        self._device: list[Any] = []
-        self._host: list[np.ndarray] = []
-
-    def device(self, nbytes: int) -> Any:
-        allocation = self._driver.mem_alloc(nbytes)
-        self._device.append(allocation)
-        return allocation
-
-    def host(self, shape: tuple[int, ...]) -> np.ndarray:
-        buffer = self._driver.pagelocked_empty(shape, np.float64)
-        self._host.append(buffer)
-        return buffer
-
-    def free(self, allocation: Any) -> None:
-        """Give back a device allocation or a page-locked buffer made here."""
-        if isinstance(allocation, np.ndarray):
-            self._host = [buffer for buffer in self._host if buffer is not allocation]
-            allocation.base.free()
-        else:
-            self._device = [held for held in self._device if held is not allocation]
-            allocation.free()
-
-    def is_page_locked(self, array: np.ndarray) -> bool:
-        start = array.ctypes.data
-        return any(buffer.ctypes.data <= start < buffer.ctypes.data + buffer.nbytes for buffer in self._host)
-
-    def free_all(self) -> None:
-        for allocation in [*self._device, *self._host]:
-            self.free(allocation)
-
-
-class Lane:
-    """A stream and the device buffers of one chunk: copy in, launch both kernels, copy the partials out."""
-
-    def __init__(self, driver: Any, memory: Allocator, chunk: int, segments: int) -> None:
-        self.stream = driver.Stream()
-        self._driver, self._memory, self.chunk = driver, memory, chunk
-        self.images = memory.device(chunk * IMAGE_BYTES)
-        self.conv_out = memory.device(chunk * OUT_NEURON_DIM * 8)
-        self.partials = memory.device(segments * chunk * OUT_LAYER_SIZE * 8)
-        self._staging: np.ndarray | None = None  # page-locked copy of a pageable chunk, made on first need
-        self._staging_free = driver.Event()  # the last copy out of the staging buffer has finished
-
-    def copy_in(self, images: np.ndarray, page_locked: bool) -> int:
-        """Copy a chunk of host images to the lane's device buffer (through staging if pageable); its address."""
-        if not page_locked:
-            if self._staging is None:
-                self._staging = self._memory.host((self.chunk, INPUT_DIM, INPUT_DIM))
-            self._staging_free.synchronize()
-            staged = self._staging[: len(images)]
-            np.copyto(staged, images)
-            images = staged
-        self._driver.memcpy_htod_async(self.images, images, self.stream)
-        if not page_locked:
-            self._staging_free.record(self.stream)
-        return int(self.images)
-
-    def run(self, conv: Conv2dRelu, dense: FlattenedToDense, images: int, weights: Any, count: int) -> None:
-        conv(self.stream, images, self.conv_out, count)
-        dense(self.stream, self.conv_out, weights, self.partials, count, self.chunk)
-
-    def copy_out(self, partials: np.ndarray, done: Any) -> None:
-        """Copy the chunk's partials to page-locked `partials` and record `done` when they are there."""
-        self._driver.memcpy_dtoh_async(partials, self.partials, self.stream)
-        done.record(self.stream)
-
-    def free(self) -> None:
-        for allocation in (self.images, self.conv_out, self.partials, self._staging):
-            if allocation is not None:
-                self._memory.free(allocation)
-
-
 @dataclass
 class DeviceImages:
     """Images in device memory (the benchmark's resident figure); context.free(images) gives them back."""
@@ -183,13 +112,17 @@ class CudaContext:
 
     name = "cuda"
 
-    def __init__(self, cnn: Cnn, batch_size: int | None = None, config: LaunchConfig | None = None) -> None:
+    def __init__(
+        self, cnn: Cnn, batch_size: int | None = None, config: LaunchConfig | None = None, parse_csv: bool = True
+    ) -> None:
         self.config = config or LaunchConfig()
+        self._parse_csv = parse_csv  # CSV input parsed here on the device; False: by the host's reader
         self.batch_size = batch_size or DEFAULT_BATCH_IMAGES
+        self._text_batch = batch_size or DEFAULT_TEXT_BATCH_IMAGES
         self._chunk = self.config.chunk_images or math.ceil(self.batch_size / self.config.streams)
         self._driver = driver = import_driver()
         self._memory = Allocator(driver)
-        ptx = ensure_ptx()
+        modules = ensure_modules()
         self._context = None
         self._lanes: list[Lane] = []
         self._host_partials: np.ndarray | None = None  # page-locked (chunks, segments, chunk, 10), grown as needed
@@ -205,8 +138,9 @@ class CudaContext:
         try:
             self.device = device.name()
             sm_count = device.get_attribute(driver.device_attribute.MULTIPROCESSOR_COUNT)
-            with device_errors(f"cannot load {ptx}"):
-                self._module = driver.module_from_file(str(ptx))
+            with device_errors(f"cannot load {modules.cnn}"):
+                self._module = driver.module_from_file(str(modules.cnn))
+                self._csv_module = driver.module_from_file(str(modules.csv))
                 self._conv = Conv2dRelu(self._module, sm_count, self.config.conv_blocks)
                 self._dense = FlattenedToDense(
                     self._module, sm_count, self.config.segments, self.config.dense_threads, self.config.dense_blocks
@@ -238,6 +172,13 @@ class CudaContext:
                 self._chunk //= 2
 
     @property
+    def csv_text(self) -> TextBatching | None:
+        """How CSV text comes to the device: a batch dealt over the lanes; None where the host's reader parses CSV."""
+        if not self._parse_csv:
+            return None
+        return TextBatching(self._text_batch, min(self._chunk, math.ceil(self._text_batch / len(self._lanes))))
+
+    @property
     def chunk_images(self) -> int:
         """Images per chunk: the configured size, or less where device memory did not hold it."""
         return self._chunk
@@ -257,31 +198,61 @@ class CudaContext:
     def free(self, images: DeviceImages) -> None:
         self._memory.free(images.allocation)
 
-    def compute(self, batch: ImageBatch) -> OutputBatch:
-        """Outputs for a host batch: copies in, both kernels, partials back, reduction on the host."""
-        page_locked = self._memory.is_page_locked(batch.images)
-        return self._run(len(batch), lambda lane, first, count: lane.copy_in(batch.images[first : first + count], page_locked))
+    def compute(self, batch: ImageBatch | Any) -> OutputBatch:
+        """Outputs for a host batch of images, or of CSV text (labcsv.CsvBatch) parsed here on the device."""
+        if isinstance(batch, ImageBatch):
+            return self._run(len(batch), HostImages(batch.images, self._chunk, self._memory.is_page_locked(batch.images)))
+        chunk = self.csv_text.chunk_images
+        return self._run(len(batch), CsvText(batch, chunk, self._csv_module), chunk)
 
     def compute_resident(self, images: DeviceImages) -> OutputBatch:
         """Outputs for images already on the device: the kernels, the partials' copy and the reduction."""
-        return self._run(images.count, lambda lane, first, count: int(images.allocation) + first * IMAGE_BYTES)
+        return self._run(images.count, ResidentImages(int(images.allocation), self._chunk))
 
-    def _run(self, count: int, images_on: Callable[[Lane, int, int], int]) -> OutputBatch:
-        """Every chunk through a lane in turn; `images_on(lane, first, count)` gives the chunk's device address."""
-        chunk = self._chunk
+    def allocate_text(self, nbytes: int) -> np.ndarray:
+        """A page-locked byte buffer, for CSV text the device copies straight from.
+
+        The reader's thread calls it too: the context is made current there for the allocation.
+        """
+        with device_errors("cannot allocate page-locked host memory"), self._current():
+            return self._memory.host(nbytes, np.uint8)
+
+    def free_text(self, buffer: np.ndarray) -> None:
+        """Give a text window back; in a lost context nothing is freed (see close())."""
+        with device_errors("cannot free page-locked host memory"), self._current():
+            if not _context_lost(self._driver):
+                self._memory.free(buffer)
+
+    @contextmanager
+    def _current(self) -> Iterator[None]:
+        """The context made current in this thread for a while (the reader's thread has none of its own)."""
+        self._context.push()
+        try:
+            yield
+        finally:
+            self._context.pop()
+
+    def _run(self, count: int, source: ChunkSource, chunk: int | None = None) -> OutputBatch:
+        """Every chunk (of `chunk` images, at most the lanes' size) through a lane, a round of one chunk
+        per lane at a time: first every lane's images are brought in, then each lane's kernels and
+        partials are queued; the host adds the partials of each chunk as they arrive."""
+        chunk, lanes = chunk or self._chunk, len(self._lanes)
         chunks = math.ceil(count / chunk)
         partials = self._partials_for(chunks)
         outputs = np.empty((chunks * chunk, OUT_LAYER_SIZE))
         with device_errors("CUDA error while computing"):
-            for index in range(chunks):
-                lane, first = self._lanes[index % len(self._lanes)], index * chunk
-                size = min(chunk, count - first)
-                lane.run(self._conv, self._dense, images_on(lane, first, size), self._weights, size)
-                lane.copy_out(partials[index], self._chunk_done[index])
+            for first in range(0, chunks, lanes):
+                round_ = range(first, min(first + lanes, chunks))
+                for index in round_:
+                    source.start(self._lanes[index % lanes], index)
+                for index in round_:
+                    lane = self._lanes[index % lanes]
+                    lane.run(self._conv, self._dense, source.images(lane, index), self._weights, min(chunk, count - index * chunk))
+                    lane.copy_out(partials[index], self._chunk_done[index])
             for index in range(chunks):
                 self._chunk_done[index].synchronize()
                 # Sum over the segments axis (the leading one): numpy adds whole rows in segment order.
-                np.sum(partials[index], axis=0, out=outputs[index * chunk : (index + 1) * chunk])
+                np.sum(partials[index, :, :chunk], axis=0, out=outputs[index * chunk : (index + 1) * chunk])
         return OutputBatch(outputs[:count])
 
     def _partials_for(self, chunks: int) -> np.ndarray:
@@ -296,8 +267,9 @@ class CudaContext:
                 self._chunk_done += [self._driver.Event(no_timing) for _ in range(chunks - len(self._chunk_done))]
         return self._host_partials
 
-    def copy_rates(self, host: np.ndarray, images: DeviceImages, repeats: int) -> CopyRates:
-        """The copy bounds, timed with CUDA events: `host` (page-locked) to the device, and `images` within it."""
+    def copy_rates(self, host: np.ndarray, images: DeviceImages | None, repeats: int) -> CopyRates:
+        """The copy bounds, timed with CUDA events: `host` (page-locked) to the device, and `images` within
+        it (device_to_device is 0.0 without them)."""
         driver, nbytes = self._driver, host.nbytes
         with device_errors("cannot time the copy bounds"):
             target = self._memory.device(nbytes)
@@ -316,7 +288,9 @@ class CudaContext:
                     return statistics.median(times)
 
                 h2d = nbytes / seconds(lambda: driver.memcpy_htod_async(target, host, stream))
-                d2d = 2 * nbytes / seconds(lambda: driver.memcpy_dtod_async(target, images.allocation, nbytes, stream))
+                d2d = 0.0
+                if images is not None:
+                    d2d = 2 * nbytes / seconds(lambda: driver.memcpy_dtod_async(target, images.allocation, nbytes, stream))
             finally:
                 self._memory.free(target)
         return CopyRates(h2d, d2d)
@@ -338,7 +312,7 @@ class CudaContext:
                 self._free_lanes()
                 self._memory.free_all()
                 self._host_partials, self._chunk_done = None, []
-                self._conv = self._dense = self._module = None
+                self._conv = self._dense = self._module = self._csv_module = None
         finally:
             self._context.pop()
             self._context.detach()

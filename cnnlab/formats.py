@@ -10,6 +10,7 @@ from typing import Protocol
 import numpy as np
 
 from cnnlab import labcsv, npy
+from cnnlab.csvtext import TextMemory
 from cnnlab.network import OutputBatch
 
 
@@ -45,9 +46,9 @@ def is_npy(path: str | os.PathLike) -> bool:
     return Path(path).suffix.lower() == ".npy"
 
 
-def open_images(path: str | os.PathLike) -> ImageReader:
-    """The reader for an input file of either format."""
-    return npy.NpyImageReader(path) if is_npy(path) else labcsv.CsvImageReader(path)
+def open_images(path: str | os.PathLike, text_memory: TextMemory | None = None) -> ImageReader:
+    """The reader for an input file of either format (CSV text read into `text_memory`'s windows, if given)."""
+    return npy.NpyImageReader(path) if is_npy(path) else labcsv.CsvImageReader(path, memory=text_memory)
 
 
 def open_outputs(path: str | os.PathLike, count: int) -> OutputWriter:

@@ -86,15 +86,32 @@ class OutputBatch:
         return self.values.shape[0]
 
 
+@dataclass(frozen=True)
+class TextBatching:
+    """How a backend that parses CSV itself takes its text: images per compute() call, and per chunk on the device."""
+
+    batch_images: int
+    chunk_images: int
+
+
 class Backend(Protocol):
     """What the command line needs of a backend: the CPU and the CUDA one both provide it."""
 
     name: str  # "cpu" or "cuda"
     device: str  # what it runs on, in words
     batch_size: int  # images per compute() call that suit this backend
+    csv_text: TextBatching | None  # not None: compute() also takes CSV text (labcsv.CsvBatch), parsed on the backend's device
 
     def allocate_images(self, count: int) -> np.ndarray:
         """A host buffer of shape (count, 100, 100) that compute() reads fastest from."""
+        ...
+
+    def allocate_text(self, nbytes: int) -> np.ndarray:
+        """A host byte buffer that CSV text for compute() is read into (where csv_text is set)."""
+        ...
+
+    def free_text(self, buffer: np.ndarray) -> None:
+        """Give back a buffer allocate_text() made."""
         ...
 
     def compute(self, batch: ImageBatch) -> OutputBatch:

@@ -13,14 +13,18 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TextIO
+from functools import partial
+from typing import Any, TextIO
 
 import numpy as np
 
 from cnnlab.formats import ImageReader, open_images, open_outputs
+from cnnlab.labcsv import CsvBatch, CsvImageReader
 from cnnlab.network import Backend, ImageBatch
+
+Batch = ImageBatch | CsvBatch
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,7 @@ class RunStats:
     loop_seconds: float  # the whole loop: reading, computing and writing, as they overlap
     batch_size: int
     trailing_data_line: int | None  # first line after the N-th matrix that holds data, if any
+    startup_seconds: float | None  # from the process's start to its first batch handed to the backend
 
     @property
     def work_microseconds(self) -> int:
@@ -70,49 +75,44 @@ class Progress:
 
 
 class Prefetcher:
-    """Reads batches on a thread, into two buffers in turn, so that reading the next batch overlaps
-    computing this one; yields them in input order.
+    """Reads batches on a thread, one slot ahead, so that reading the next batch overlaps computing
+    this one; yields them in input order.
 
-    The thread reads `reader.step` images at a time and stops between steps when closed, so that
-    leaving early never waits for a whole batch, and never leaves it writing into a freed buffer.
+    `read(slot, stop)` fills a slot (a host buffer, or for CSV text nothing but a turn) with the next
+    batch, or returns None at the end; it checks `stop` between steps, so that leaving early never
+    waits for a whole batch, and never leaves the thread writing into a freed buffer.
     """
 
-    def __init__(self, reader: ImageReader, buffers: list[np.ndarray]) -> None:
-        self._reader = reader
-        self._empty: queue.Queue[np.ndarray | None] = queue.Queue()
-        self._full: queue.Queue[tuple[np.ndarray, int] | BaseException] = queue.Queue()
-        for buffer in buffers:
-            self._empty.put(buffer)
+    def __init__(self, read: Callable[[Any, threading.Event], Batch | None], slots: list[Any]) -> None:
+        self._read_batch = read
+        self._empty: queue.Queue[tuple[Any] | None] = queue.Queue()
+        self._full: queue.Queue[tuple[Any, Batch | None] | BaseException] = queue.Queue()
+        for slot in slots:
+            self._empty.put((slot,))
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._read, name="cnnlab-reader", daemon=True)
         self._thread.start()
 
     def _read(self) -> None:
         try:
-            while (buffer := self._empty.get()) is not None:
-                count = 0
-                while count < len(buffer) and not self._closed.is_set():
-                    step = self._reader.read_into(buffer[count : count + self._reader.step])
-                    if not step:
-                        break
-                    count += step
-                self._full.put((buffer, count))
-                if count < len(buffer):
+            while (item := self._empty.get()) is not None:
+                batch = self._read_batch(item[0], self._closed)
+                self._full.put((item[0], batch))
+                if batch is None:
                     return
         except BaseException as error:  # handed to the consumer, raised there
             self._full.put(error)
 
-    def __iter__(self) -> Iterator[ImageBatch]:
+    def __iter__(self) -> Iterator[Batch]:
         while True:
             item = self._full.get()
             if isinstance(item, BaseException):
                 raise item
-            buffer, count = item
-            if count:
-                yield ImageBatch(buffer[:count])
-            if count < len(buffer):
+            slot, batch = item
+            if batch is None:
                 return
-            self._empty.put(buffer)
+            yield batch
+            self._empty.put((slot,))
 
     def close(self) -> None:
         self._closed.set()
@@ -126,22 +126,50 @@ class Prefetcher:
         self.close()
 
 
+def fill_images(reader: ImageReader, buffer: np.ndarray, stop: threading.Event) -> ImageBatch | None:
+    """Read the next images into `buffer`, a reader's step at a time; None when there are none left."""
+    count = 0
+    while count < len(buffer) and not stop.is_set():
+        step = reader.read_into(buffer[count : count + reader.step])
+        if not step:
+            break
+        count += step
+    return ImageBatch(buffer[:count]) if count else None
+
+
+def _read_text(reader: CsvImageReader, images: int, chunk: int, slot: Any, stop: threading.Event) -> CsvBatch | None:
+    """The next batch of CSV text (the reader keeps its windows: a slot is only a turn)."""
+    return reader.read_text(images, chunk)
+
+
 def run_network(
     backend: Backend, input_path: str | os.PathLike, output_path: str | os.PathLike, read_ahead: bool = True
 ) -> RunStats:
     """Compute the outputs of every image in `input_path` and write them to `output_path`.
 
-    Without `read_ahead` the reader has one buffer, so it reads a batch only while nothing computes:
-    slower, but the timed work then has the machine to itself, as in the lab's program.
+    A backend that parses CSV itself (`csv_text`, the GPU) gets CSV input as text batches read
+    into its page-locked memory; every other input is parsed here into its image buffers. Without
+    `read_ahead` the reader has one slot, so it reads a batch only while nothing computes: slower,
+    but the timed work then has the machine to itself, as in the lab's program.
     """
-    with open_images(input_path) as reader, open_outputs(output_path, reader.count) as output:
-        buffers = [backend.allocate_images(min(backend.batch_size, reader.count)) for _ in range(2 if read_ahead else 1)]
+    slots = 2 if read_ahead else 1
+    text = backend.csv_text
+    with open_images(input_path, backend if text else None) as reader, open_outputs(output_path, reader.count) as output:
+        if text and isinstance(reader, CsvImageReader):
+            batch_size = min(text.batch_images, reader.count)
+            read: Callable[[Any, threading.Event], Batch | None] = partial(_read_text, reader, batch_size, text.chunk_images)
+            buffers: list[Any] = [None] * slots
+        else:
+            batch_size = min(backend.batch_size, reader.count)
+            read = partial(fill_images, reader)
+            buffers = [backend.allocate_images(batch_size) for _ in range(slots)]
         progress = Progress(reader.count)
-        work_seconds = 0.0
+        work_seconds, startup_seconds = 0.0, None
         loop_start = time.perf_counter()
         try:
-            with Prefetcher(reader, buffers) as batches:
+            with Prefetcher(read, buffers) as batches:
                 for batch in batches:
+                    startup_seconds = process_age() if startup_seconds is None else startup_seconds
                     start = time.perf_counter()
                     outputs = backend.compute(batch)
                     work_seconds += time.perf_counter() - start
@@ -151,4 +179,14 @@ def run_network(
         finally:
             progress.finish()
         trailing = reader.trailing_data_line()
-    return RunStats(reader.count, work_seconds, loop_seconds, len(buffers[0]), trailing)
+    return RunStats(reader.count, work_seconds, loop_seconds, batch_size, trailing, startup_seconds)
+
+
+def process_age() -> float | None:
+    """Seconds since this process started (Linux: its start time in /proc, in clock ticks since boot)."""
+    try:
+        with open("/proc/self/stat") as stat:
+            ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+    return time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")

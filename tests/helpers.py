@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,21 @@ ROOT = Path(__file__).resolve().parent.parent
 TIMING_LINE = re.compile(r"^\d+ microseconds of actual work done\n$")
 # The environment of every cnnlab subprocess: this checkout first on the import path.
 SUBPROCESS_ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+
+
+def why_no_gpu(builds_kernels: bool = False) -> str | None:
+    """Why the GPU tests cannot run here (None: they can). `builds_kernels`: the test runs nvcc itself."""
+    if builds_kernels and shutil.which("nvcc") is None:
+        return "nvcc is not on the PATH: the test builds the kernels itself"
+    try:
+        import pycuda.driver as driver
+    except ImportError as error:
+        return f"pycuda cannot be imported ({error}): install the cuda extra on a machine with a CUDA driver"
+    try:
+        driver.init()
+        return None if driver.Device.count() > 0 else "the CUDA driver sees no GPU"
+    except driver.Error as error:
+        return f"no usable CUDA device: {error}"
 
 
 def random_cnn(rng: np.random.Generator) -> Cnn:

@@ -1,4 +1,4 @@
-"""The build step: nvcc turns kernel.cu into PTX holding both entry points (runs where nvcc is)."""
+"""The build step: nvcc turns each kernel source into a fatbin, and kernel.cu's PTX holds both entry points (runs where nvcc is)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cnnlab import ptx
+from cnnlab import nvcc
 from cnnlab.errors import DeviceError
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (the CUDA toolkit) is not installed here")
@@ -18,9 +18,9 @@ needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (the 
 
 @needs_nvcc
 def test_build_makes_ptx_with_both_entry_points(tmp_path: Path) -> None:
-    out = ptx.build_ptx(ptx.kernel_source(), tmp_path / "kernel.ptx")
+    out = nvcc.build_ptx(nvcc.kernel_source(), tmp_path / "kernel.ptx")
     text = out.read_text()
-    for entry in ptx.ENTRY_POINTS:
+    for entry in nvcc.ENTRY_POINTS:
         assert f".entry {entry}(" in text
     assert ".target sm_75" in text
     assert ".const .align 8 .b8 filters[2000]" in text
@@ -29,27 +29,32 @@ def test_build_makes_ptx_with_both_entry_points(tmp_path: Path) -> None:
 
 @needs_nvcc
 def test_build_rebuilds_only_when_stale(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in nvcc.SOURCES:
+        shutil.copy(nvcc.kernel_source(name), tmp_path / name)
+    for header in nvcc.kernel_source().parent.glob("*.h"):
+        shutil.copy(header, tmp_path / header.name)
+    monkeypatch.setattr(nvcc, "kernel_source", lambda name="kernel.cu": tmp_path / name)
     source = tmp_path / "kernel.cu"
-    shutil.copy(ptx.kernel_source(), source)
-    monkeypatch.setattr(ptx, "kernel_source", lambda: source)
-    assert ptx.main([]) == 0
-    built = source.with_suffix(".ptx")
+    assert nvcc.main(["--arch", "sm_90"]) == 0
+    built = source.with_suffix(".fatbin")
     first = built.stat().st_mtime_ns
-    assert ptx.main([]) == 0 and built.stat().st_mtime_ns == first  # up to date: untouched
+    assert nvcc.main([]) == 0 and built.stat().st_mtime_ns == first  # up to date: untouched
     os.utime(source, ns=(first + 10**9, first + 10**9))
-    assert ptx.is_stale(source, built)
-    assert ptx.ensure_ptx() == built and built.stat().st_mtime_ns != first
-    assert ptx.main(["--arch", "compute_90"]) == 0 and ".target sm_90" in built.read_text()
+    assert nvcc.is_stale(source, built)
+    assert nvcc.ensure_modules().cnn == built and built.stat().st_mtime_ns != first
+    assert set(re.findall(rb"sm_\d+", built.read_bytes())) == {arch.encode() for arch in nvcc.MACHINE_ARCHS}
+    assert nvcc.main(["--arch", "sm_90"]) == 0
+    assert set(re.findall(rb"sm_\d+", built.read_bytes())) == {b"sm_90"}
 
 
 def test_missing_nvcc_is_a_one_line_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
-    source = tmp_path / "kernel.cu"
-    source.write_text("// empty\n")
-    monkeypatch.setattr(ptx, "kernel_source", lambda: source)
-    with pytest.raises(DeviceError, match="kernel.ptx is missing: run `python build.py`"):
-        ptx.ensure_ptx()
-    assert ptx.main([]) == 2
+    (tmp_path / "kernel.cu").write_text("// empty\n")
+    (tmp_path / "csv.cu").write_text("// empty\n")
+    monkeypatch.setattr(nvcc, "kernel_source", lambda name="kernel.cu": tmp_path / name)
+    with pytest.raises(DeviceError, match="kernel.fatbin is missing: run `python build.py`"):
+        nvcc.ensure_modules()
+    assert nvcc.main([]) == 2
     assert capsys.readouterr().err.startswith("build.py: nvcc not found on PATH")
 
 
@@ -58,7 +63,7 @@ def test_compile_error_is_reported(tmp_path: Path) -> None:
     source = tmp_path / "kernel.cu"
     source.write_text("this is not CUDA\n")
     with pytest.raises(DeviceError, match="nvcc failed"):
-        ptx.build_ptx(source, tmp_path / "kernel.ptx")
+        nvcc.build_ptx(source, tmp_path / "kernel.ptx")
     assert [p.name for p in tmp_path.iterdir()] == ["kernel.cu"]
 
 
@@ -69,12 +74,12 @@ def test_kernel_sizes_come_from_python_alone(tmp_path: Path) -> None:
     from cnnlab.kernels import CONV_BANDS_PER_BLOCK, CONV_THREADS, DENSE_MAX_THREADS
     from cnnlab.network import CONV_LAYER_SIZE, FILTER_DIM, INPUT_DIM
 
-    text = ptx.build_ptx(ptx.kernel_source(), tmp_path / "kernel.ptx").read_text()
+    text = nvcc.build_ptx(nvcc.kernel_source(), tmp_path / "kernel.ptx").read_text()
     conv = text[text.index(".entry conv2d_relu(") :]
     assert re.search(r"\.maxntid (\d+), 1, 1", conv)[1] == str(CONV_THREADS)
     tile_bytes = CONV_BANDS_PER_BLOCK * FILTER_DIM * INPUT_DIM * 8
     assert re.search(rf"\.shared \.align 16 \.b8 [\w$]*tile\[{tile_bytes}\]", text), "conv2d_relu's tile"
     warp_sums_bytes = DENSE_MAX_THREADS // 32 * CONV_LAYER_SIZE * 8
     assert re.search(rf"\.shared \.align 8 \.b8 [\w$]*warp_sums\[{warp_sums_bytes}\]", text), "flattened_to_dense's warp sums"
-    result = subprocess.run(["nvcc", "-ptx", "-o", str(tmp_path / "bare.ptx"), str(ptx.kernel_source())], capture_output=True, text=True)
+    result = subprocess.run(["nvcc", "-ptx", "-o", str(tmp_path / "bare.ptx"), str(nvcc.kernel_source())], capture_output=True, text=True)
     assert result.returncode != 0 and "kernel sizes missing" in result.stderr

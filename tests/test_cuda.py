@@ -6,28 +6,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import ROOT, TIMING_LINE, cnnlab, random_cnn, write_files
+from helpers import BAD_INPUTS, ROOT, TIMING_LINE, cnnlab, input_lines, random_cnn, read_all_images, why_no_gpu, write_files
 
+from cnnlab import cli
 from cnnlab.compare import compare_files
 from cnnlab.cpu import CpuBackend
 from cnnlab.generate import random_values
 from cnnlab.network import Cnn, ImageBatch
 from cnnlab.resources import resource_dir
 
-
-def _why_no_gpu() -> str | None:
-    try:
-        import pycuda.driver as driver
-    except ImportError as error:
-        return f"pycuda cannot be imported ({error}): install the cuda extra on a machine with a CUDA driver"
-    try:
-        driver.init()
-        return None if driver.Device.count() > 0 else "the CUDA driver sees no GPU"
-    except driver.Error as error:
-        return f"no usable CUDA device: {error}"
-
-
-WHY_NO_GPU = _why_no_gpu()
+WHY_NO_GPU = why_no_gpu()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(WHY_NO_GPU is not None, reason=str(WHY_NO_GPU))]
 
 
@@ -224,3 +212,78 @@ def test_bench_gpu_rows_are_sane(tmp_path: Path) -> None:
         if figure["bound"]:
             assert figure["of_bound"] == pytest.approx(figure["images_per_second"] / by_key[figure["bound"]]["images_per_second"])
     print(result.stdout)
+
+
+# CSV parsed on the device: the same images, bit for bit, as the host's parser (float()) reads.
+
+
+def _near_halfway(value: float, rng: np.random.Generator) -> str:
+    """A 25-digit decimal within 1e-24 (relative) of the midpoint between `value` and the next double up."""
+    from decimal import Decimal, localcontext
+
+    with localcontext() as exact:
+        exact.prec = 60
+        midpoint = (Decimal(value) + Decimal(float(np.nextafter(value, np.inf)))) / 2
+        nudge = midpoint * Decimal(int(rng.integers(-9, 10))) * Decimal("1e-24")
+        exact.prec = 25
+        return str(+(midpoint + nudge))
+
+
+def _spelled(rng: np.random.Generator, images: np.ndarray, crlf: bool) -> str:
+    """The lab's input file for `images`, with every spelling float() takes, near-halfway decimals
+    the device must hand to the host, a fully near-halfway image (too many for the device's list),
+    blank lines and, if asked, CRLF line ends."""
+    spellings = [lambda v: repr(v), lambda v: f"{v:+.6E}", lambda v: f"  {v!r}\t", lambda v: f"{v:.0f}.", lambda v: _near_halfway(v, rng)]
+    lines = [str(len(images))]
+    for index, image in enumerate(images):
+        for row in image:
+            if index == 1:
+                fields = [_near_halfway(v, rng) for v in row.tolist()]
+            else:
+                fields = [spellings[int(k)](v) for k, v in zip(rng.integers(0, len(spellings), len(row)), row.tolist())]
+            lines.append(",".join(fields))
+            if rng.random() < 0.05:
+                lines.append(" \t")
+        lines.append("")
+    return ("\r\n" if crlf else "\n").join(lines) + "\n"
+
+
+@pytest.mark.parametrize("crlf", [False, True])
+def test_csv_parsed_on_the_device_gives_the_host_parsers_images_bit_for_bit(tmp_path: Path, rng: np.random.Generator, crlf: bool) -> None:
+    from cnnlab.cuda import CudaContext, LaunchConfig
+    from cnnlab.run import run_network
+
+    cnn = random_cnn(rng)
+    images = random_values(rng, 23, 100, 100)
+    images[3, 0, :4] = [5e-324, 2.2250738585072011e-308, 1e300, -0.0]  # the largest doubles are test_csv_gpu's: here they overflow
+    input_path = tmp_path / "in.csv"
+    input_path.write_bytes(_spelled(rng, images, crlf).encode())
+    host_images = read_all_images(input_path)
+    outputs = {}
+    for parse_csv in (True, False):
+        with CudaContext(cnn, 7, LaunchConfig(chunk_images=3), parse_csv=parse_csv) as gpu:
+            stats = run_network(gpu, input_path, tmp_path / f"{parse_csv}.npy")
+        assert stats.images == 23
+        outputs[parse_csv] = np.load(tmp_path / f"{parse_csv}.npy")
+    with context(cnn, 23) as gpu:
+        from_host_images = gpu.compute(ImageBatch(host_images)).values
+    assert outputs[True].view(np.uint64).tolist() == outputs[False].view(np.uint64).tolist()
+    assert outputs[True].view(np.uint64).tolist() == from_host_images.view(np.uint64).tolist()
+    assert_lab_close(outputs[True], cpu_outputs(cnn, host_images))
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_every_malformed_input_gets_the_host_parsers_message_from_the_device_parser(
+    tmp_path: Path, rng: np.random.Generator, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
+    spoil = BAD_INPUTS[case][0]
+    cnn_path, input_path = write_files(tmp_path, random_cnn(rng), random_values(rng, 2, 100, 100))
+    input_path.write_text("\n".join(spoil(input_lines(random_values(rng, 2, 100, 100)))))
+    messages = []
+    for mode in (["cpu"], ["cuda"], ["cuda", "--host-parse"]):
+        assert cli.main([*mode, str(cnn_path), str(input_path), str(tmp_path / "out.csv")]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err.count("\n") == 1
+        messages.append(captured.err)
+    assert messages[0] == messages[1] == messages[2]
+    assert not (tmp_path / "out.csv").exists()

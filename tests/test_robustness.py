@@ -67,7 +67,7 @@ def test_device_failure_mid_run_is_one_line_and_leaves_no_output(
 ) -> None:
     cnn_path, input_path = write_files(tmp_path, random_cnn(rng), random_values(rng, 5, 100, 100))
     (tmp_path / "out.csv").write_text("old\n")
-    monkeypatch.setattr(cli, "make_backend", lambda mode, cnn, batch: FailingBackend(cnn, batch))
+    monkeypatch.setattr(cli, "make_backend", lambda mode, cnn, batch, host_parse=False: FailingBackend(cnn, batch))
     assert cli.main(["cuda", str(cnn_path), str(input_path), str(tmp_path / "out.csv"), "--batch", "2"]) == 2
     captured = capsys.readouterr()
     assert captured.err == "cnnlab: CUDA error while computing: cuEventSynchronize failed: an illegal memory access was encountered\n"
@@ -79,21 +79,26 @@ def test_device_failure_mid_run_is_one_line_and_leaves_no_output(
 def test_interrupting_a_real_run_leaves_nothing_behind(
     tmp_path: Path, rng: np.random.Generator, signum: int, status: int, message: str
 ) -> None:
-    # 1,000 images (~190 MB of CSV): a second or more of parsing, so the signal lands mid-run.
+    # The input comes through a FIFO that holds back all but the first images: the run is under way,
+    # waiting for more, however fast this machine parses, when the signal comes.
     cnn_path, small = write_files(tmp_path, random_cnn(rng), random_values(rng, 1, 100, 100))
     image = small.read_text().split("\n", 1)[1]
-    (tmp_path / "big.csv").write_text("1000\n" + image * 1000)
+    fifo = tmp_path / "big.csv"
+    os.mkfifo(fifo)
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     (out_dir / "out.csv").write_text("old\n")
-    command = [sys.executable, "-m", "cnnlab", "cpu", str(cnn_path), str(tmp_path / "big.csv"), str(out_dir / "out.csv")]
+    command = [sys.executable, "-m", "cnnlab", "cpu", str(cnn_path), str(fifo), str(out_dir / "out.csv"), "--batch", "1"]
     process = subprocess.Popen(command, env=SUBPROCESS_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while len(list(out_dir.iterdir())) < 2 and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)  # until the temporary output exists: the run is under way
-    time.sleep(0.2)
-    assert process.poll() is None, "the run ended before it could be interrupted"
-    process.send_signal(signum)
+    with open(fifo, "w") as writer:
+        writer.write("1000\n" + image * 3)
+        writer.flush()
+        deadline = time.monotonic() + 60
+        while len(list(out_dir.iterdir())) < 2 and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)  # until the temporary output exists: the run is under way
+        time.sleep(0.2)
+        assert process.poll() is None, "the run ended before it could be interrupted"
+        process.send_signal(signum)
     stdout, stderr = process.communicate(timeout=60)
     assert process.returncode == status, stderr
     assert stderr == f"cnnlab: {message}\n" and stdout == ""

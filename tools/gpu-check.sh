@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # Everything the GPU path needs checked, on a machine with a GPU (the lab's H100 through the device
-# tool): install the wheels in .wheelhouse (PyCUDA, polars, hypothesis), build the PTX, then the
-# stages asked for. Logs and figures go to $OUT (default out/gpu); big files to $WORK (default /tmp).
-#   tools/gpu-check.sh [tests] [bench] [bar] [npy] [memory] [failrate] [long]   (default: all)
+# tool): install the wheels in .wheelhouse (PyCUDA and its needs), build the native CSV parser for
+# this Python and the kernels' fatbins, then the stages asked for. Logs and figures go to $OUT
+# (default out/gpu); big files to $WORK (default /tmp).
+#   tools/gpu-check.sh [tests] [bench] [bar] [startup] [npy] [memory] [failrate] [long]   (default: all)
 #   tests     every test, GPU ones included
 #   bench     cnnlab bench, every row, with --json and --plot
-#   bar       10,000 CSV images: cpu and cuda agree (issue 3), and cuda's wall time against parsing alone (issue 5)
+#   bar       10,000 CSV images: cpu, cuda (CSV parsed on the GPU) and cuda --host-parse agree, and their wall times
+#   startup   the default data (4 images) in cpu and cuda mode, three times each: wall time and start-up
 #   npy       65,536 images in a .npy file in the page cache: the compute loop's rate (issue 5)
 #   memory    peak RSS of 2,000 and 20,000 images, cpu and cuda, CSV and .npy (issue 5)
 #   failrate  100,000 images: how many outputs fail the lab's comparison, cuda against cpu (issue 6)
 #   long      200,000 images from .npy through cuda: a long run's wall time, rate and memory (issue 6)
+#   parsers   the native CSV parser on 1..16 threads (MB/s) and csv.cu's kernels (GB/s of text), 1,000 images
 #   sweep     the page-locked row against the copy bound for a few chunk sizes and stream counts
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,8 +25,9 @@ if compgen -G ".wheelhouse/*.whl" >/dev/null; then
   export PYTHONPATH=/tmp/site:$PWD
 fi
 export PYTHONPATH=${PYTHONPATH:-$PWD}
-stages=${*:-tests bench bar npy memory failrate long}
+stages=${*:-tests bench bar startup npy memory failrate long}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
+python3 setup.py -q build_ext --inplace 2>&1 | tail -3 || exit 2
 python3 build.py --force || exit 2
 cnnlab() { python3 -m cnnlab "$@"; }
 timed() { /usr/bin/time -f "$1: wall %e s, peak RSS %M KB" "${@:2}"; }
@@ -45,19 +49,25 @@ for stage in $stages; do
       cnnlab bench --json "$OUT/bench.json" --plot "$OUT/bench.png" 2>&1 | tee "$OUT/bench.log" || status=1 ;;
     bar)
       cnnlab generate --images 10000 --seed 459 --out-dir "$WORK/bar"
+      cat "$WORK/bar/in.csv" > /dev/null  # in the page cache
       {
-        timed "parse only" python3 -c "
-import sys, numpy as np
-from cnnlab.labcsv import CsvImageReader
-with CsvImageReader(sys.argv[1]) as reader:
-    buffer = np.empty((reader.step, 100, 100))
-    while reader.read_into(buffer): pass" "$WORK/bar/in.csv"
-        for mode in cpu cuda; do
-          timed "$mode" python3 -m cnnlab $mode "$WORK/bar/cnn.csv" "$WORK/bar/in.csv" "$WORK/bar/out_$mode.csv" --timing-json "$OUT/bar_$mode.json"
+        for run in "cpu" "cuda" "cuda --host-parse"; do
+          name=$(echo $run | tr -d ' -')
+          timed "$run" python3 -m cnnlab $run "$WORK/bar/cnn.csv" "$WORK/bar/in.csv" "$WORK/bar/out_$name.csv" --timing-json "$OUT/bar_$name.json"
+          python3 -c "import json, sys; f = json.load(open(sys.argv[1])); print('  loop', round(f['loop_seconds'], 3), 's,', round(f['loop_images_per_second']), 'images/s; start-up', f['startup_seconds'])" "$OUT/bar_$name.json"
         done
         cnnlab compare "$WORK/bar/out_cpu.csv" "$WORK/bar/out_cuda.csv"
+        cmp "$WORK/bar/out_cuda.csv" "$WORK/bar/out_cudahostparse.csv" && echo "cuda: GPU-parsed and host-parsed outputs are identical"
       } 2>&1 | tee "$OUT/bar.log" || status=1
       rm -rf "$WORK/bar" ;;
+    startup)
+      for run in 1 2 3; do
+        for mode in cpu cuda; do
+          timed "$mode default data, run $run" python3 -m cnnlab $mode --timing-json "$WORK/startup.json" >/dev/null
+          python3 -c "import json, sys; print('  start-up', json.load(open(sys.argv[1]))['startup_seconds'])" "$WORK/startup.json"
+        done
+      done 2>&1 | tee "$OUT/startup.log" || status=1
+      python3 -X importtime -c "import pycuda.driver as d; d.init()" 2>&1 | sort -t'|' -k2 -n | tail -5 | tee -a "$OUT/startup.log" ;;
     npy)
       cnnlab generate --images 1 --out-dir "$WORK/npy"
       random_npy "$WORK/npy/in.npy" 65536
@@ -86,6 +96,10 @@ with CsvImageReader(sys.argv[1]) as reader:
       done 2>&1 | tee "$OUT/failrate.log"
       cnnlab compare "$WORK/fail/out_cpu.npy" "$WORK/fail/out_cuda.npy" 2>&1 | tee -a "$OUT/failrate.log"
       rm -rf "$WORK/fail" ;;
+    parsers)
+      python3 tools/bench_lab_csv.py --images 1000 --dir "$WORK/parsers" --threads 1 2 4 8 16 2>&1 | tee "$OUT/parsers.log" || status=1
+      python3 tools/bench_csv_gpu.py "$WORK/parsers/in.csv" 2>&1 | tee -a "$OUT/parsers.log" || status=1
+      rm -rf "$WORK/parsers" ;;
     sweep)
       for config in "512 3" "2048 3" "512 3" "2048 3" "1024 3" "2048 4"; do
         set -- $config

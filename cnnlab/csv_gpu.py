@@ -1,0 +1,199 @@
+"""The lab's input CSV parsed on the GPU (kernel/csv.cu): a block of text to rows of doubles, exactly.
+
+The host reads the file in blocks cut at line ends (after the first line, N), counts each block's
+non-blank lines on the CPU, copies the block to a device buffer and calls `CsvParser.parse`, which
+launches csv.cu's kernels on the caller's stream: every value becomes the double float() gives for
+its text, written as row `first_row + r` of `images` (rows of 100 doubles, the layout conv2d_relu
+reads). The block's `CsvStatus` comes back with `fetch_status` and reads as a `BlockResult`:
+
+- `bad_row` (block-relative) not None: the block has a bad line (wrong field count, a byte that is
+  not text, a value float() refuses or that is not finite) or the host's and the device's line
+  counts differ: re-check the block with labcsv's line checker for the message;
+- `whole_block_on_host`: more values than the status lists need the host's float(): convert the
+  block on the host;
+- otherwise `host_fields` lists the few values (row, field, offset, length) the device could not
+  prove; `host_values` converts them with float() and `patch` writes them in (they are NaN until then).
+
+Scratch: one device buffer per lane of `scratch_bytes(max_block_bytes, max_rows)` bytes (12 bytes per
+8 KB of text; per row 8 bytes of span and 400 of field ends; 2 KB of patch values), a status of
+STATUS_DTYPE.itemsize bytes per block in flight, and nothing allocated per call (a 2 KB page-locked
+staging buffer for patches is made once).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+WIDTH = 100  # values per line; csv.cu's CSV_WIDTH
+TILE_BYTES = 8192  # csv_tile_summaries and csv_index_rows: bytes per thread block (32 a thread)
+TILE_THREADS = 256
+SCAN_THREADS = 1024
+SPLIT_THREADS = 256  # csv_split_rows: 8 warps, a row each at a time
+FIELD_THREADS = 256  # csv_parse_fields: a thread per field
+PATCH_THREADS = 256
+HOST_SLOTS = 256  # HOST fields listed per block
+NO_BAD_ROW = 0x7FFFFFFF
+SEG_BYTES, SPAN_BYTES = 12, 8
+
+HOST_FIELD_DTYPE = np.dtype([("row", "<i4"), ("field", "<i4"), ("offset", "<i4"), ("length", "<i4")])
+STATUS_DTYPE = np.dtype(
+    [("bad_row", "<i4"), ("lines", "<i4"), ("host_count", "<i4"), ("overflow", "<i4"), ("host", HOST_FIELD_DTYPE, (HOST_SLOTS,))]
+)
+
+
+@dataclass(frozen=True)
+class BlockResult:
+    """What the device found in one block."""
+
+    lines: int  # non-blank lines
+    bad_row: int | None  # the smallest bad row, block-relative; None if none
+    whole_block_on_host: bool  # more HOST fields than the status lists
+    host_fields: np.ndarray  # HOST_FIELD_DTYPE records: values to convert with float() and patch in
+
+    @property
+    def ok(self) -> bool:
+        """Every row good and every value on the device or in host_fields."""
+        return self.bad_row is None and not self.whole_block_on_host
+
+
+def read_status(status: np.ndarray) -> BlockResult:
+    """The BlockResult of a host copy of a CsvStatus (an array of STATUS_DTYPE, one element)."""
+    record = status.reshape(-1)[0]
+    count = int(record["host_count"])
+    bad = int(record["bad_row"])
+    return BlockResult(
+        lines=int(record["lines"]),
+        bad_row=None if bad == NO_BAD_ROW else bad,
+        whole_block_on_host=bool(record["overflow"]) or count > HOST_SLOTS,
+        host_fields=record["host"][: min(count, HOST_SLOTS)].copy(),
+    )
+
+
+def host_values(text: bytes | memoryview | np.ndarray, result: BlockResult) -> np.ndarray:
+    """float() of each listed HOST field of the block `text` (the host's copy of the block)."""
+    data = memoryview(text).cast("B")
+    fields = result.host_fields
+    return np.array(
+        [float(bytes(data[offset : offset + length])) for offset, length in zip(fields["offset"].tolist(), fields["length"].tolist())],
+        dtype=np.float64,
+    )
+
+
+def scratch_bytes(max_block_bytes: int, max_rows: int) -> int:
+    """Device scratch one lane needs for blocks of up to `max_block_bytes` bytes and `max_rows` rows."""
+    return HOST_SLOTS * 8 + _round16(math.ceil(max_block_bytes / TILE_BYTES) * SEG_BYTES) + max_rows * (SPAN_BYTES + 4 * WIDTH)
+
+
+def _round16(n: int) -> int:
+    return -(-n // 16) * 16
+
+
+def _record(event: Any, stream: Any) -> None:
+    if event is not None:
+        event.record(stream)
+
+
+class CsvParser:
+    """One lane's GPU CSV parser: csv.cu's kernels from `module`, and the lane's scratch (device address)."""
+
+    def __init__(self, module: Any, scratch: Any, max_block_bytes: int, max_rows: int) -> None:
+        import pycuda.driver as driver
+
+        self._driver = driver
+        layout = np.empty(6, np.int32)
+        driver.memcpy_dtoh(layout, module.get_global("csv_layout")[0])
+        expected = [STATUS_DTYPE.itemsize, HOST_SLOTS, WIDTH, TILE_BYTES, SPAN_BYTES, SEG_BYTES]
+        if layout.tolist() != expected:
+            raise ValueError(f"csv.cu's layout {layout.tolist()} is not csv_gpu.py's {expected}: rebuild the module")
+        self.max_block_bytes, self.max_rows = max_block_bytes, max_rows
+        base = int(scratch)
+        self._values = base
+        self._tiles = base + HOST_SLOTS * 8
+        self._spans = self._tiles + _round16(math.ceil(max_block_bytes / TILE_BYTES) * SEG_BYTES)
+        self._ends = self._spans + max_rows * SPAN_BYTES
+        self._tile_summaries = self._prepare(module, "csv_tile_summaries", "PiP")
+        self._scan_tiles = self._prepare(module, "csv_scan_tiles", "PiiP")
+        self._index_rows = self._prepare(module, "csv_index_rows", "PiPiP")
+        self._split_rows = self._prepare(module, "csv_split_rows", "PiPiPP")
+        self._parse_fields = self._prepare(module, "csv_parse_fields", "PPPiiPP")
+        self._patch_fields = self._prepare(module, "csv_patch_fields", "PiPPi")
+        self._staging = driver.pagelocked_empty(HOST_SLOTS, np.float64)  # patch values on their way in
+        self._staging_free = driver.Event(driver.event_flags.DISABLE_TIMING)
+        self._staging_free.record()
+
+    @staticmethod
+    def _prepare(module: Any, name: str, signature: str) -> Any:
+        function = module.get_function(name)
+        function.prepare(signature)
+        return function
+
+    def parse(
+        self, stream: Any, block: Any, nbytes: int, images: Any, first_row: int, rows: int, status: Any, marks: list[Any] | None = None
+    ) -> None:
+        """Queue the parse of `nbytes` of text at `block` into rows first_row.. of `images`, status to `status`.
+
+        `marks` (timing only): 4 events, recorded between the 5 kernels.
+        """
+        if not 0 <= nbytes <= self.max_block_bytes or not 0 <= rows <= self.max_rows or int(block) % 16:
+            raise ValueError(f"block of {nbytes} bytes, {rows} rows at {int(block):#x}: over the scratch's size or not 16-byte aligned")
+        marks = list(marks or []) + [None] * 4
+        self.tile_summaries(stream, block, nbytes)
+        _record(marks[0], stream)
+        self.scan_tiles(stream, nbytes, rows, status)
+        _record(marks[1], stream)
+        self.index_rows(stream, block, nbytes, rows)
+        _record(marks[2], stream)
+        self.split_rows(stream, block, nbytes, rows, status)
+        _record(marks[3], stream)
+        self.parse_fields(stream, block, rows, first_row, images, status)
+
+    # One launcher per kernel: the grid from the sizes, the launch (PyCUDA raises a failed launch at once).
+
+    def tile_summaries(self, stream: Any, block: Any, nbytes: int) -> None:
+        if tiles := math.ceil(nbytes / TILE_BYTES):
+            self._tile_summaries.prepared_async_call((tiles, 1), (TILE_THREADS, 1, 1), stream, block, np.int32(nbytes), self._tiles)
+
+    def scan_tiles(self, stream: Any, nbytes: int, rows: int, status: Any) -> None:
+        tiles = math.ceil(nbytes / TILE_BYTES)  # 0 for an empty block, which still gets its status
+        self._scan_tiles.prepared_async_call((1, 1), (SCAN_THREADS, 1, 1), stream, self._tiles, np.int32(tiles), np.int32(rows), status)
+
+    def index_rows(self, stream: Any, block: Any, nbytes: int, rows: int) -> None:
+        if tiles := math.ceil(nbytes / TILE_BYTES):
+            self._index_rows.prepared_async_call(
+                (tiles, 1), (TILE_THREADS, 1, 1), stream, block, np.int32(nbytes), self._tiles, np.int32(rows), self._spans
+            )
+
+    def split_rows(self, stream: Any, block: Any, nbytes: int, rows: int, status: Any) -> None:
+        if blocks := math.ceil(rows / (SPLIT_THREADS // 32)):
+            self._split_rows.prepared_async_call(
+                (blocks, 1), (SPLIT_THREADS, 1, 1), stream, block, np.int32(nbytes), self._spans, np.int32(rows), self._ends, status
+            )
+
+    def parse_fields(self, stream: Any, block: Any, rows: int, first_row: int, images: Any, status: Any) -> None:
+        if blocks := math.ceil(rows * WIDTH / FIELD_THREADS):
+            sizes = np.int32(rows), np.int32(first_row)
+            self._parse_fields.prepared_async_call(
+                (blocks, 1), (FIELD_THREADS, 1, 1), stream, block, self._spans, self._ends, *sizes, images, status
+            )
+
+    def fetch_status(self, stream: Any, host_status: np.ndarray, status: Any) -> None:
+        """Queue the copy of the device status to `host_status` (page-locked, STATUS_DTYPE); read_status() it once synchronized."""
+        self._driver.memcpy_dtoh_async(host_status, status, stream)
+
+    def patch(self, stream: Any, images: Any, first_row: int, status: Any, values: np.ndarray) -> None:
+        """Queue the writing of `values` (host_values() of this block's result) to their places in `images`."""
+        count = len(values)
+        if not count:
+            return
+        self._staging_free.synchronize()  # the last patch's values have left the staging buffer
+        self._staging[:count] = values
+        self._driver.memcpy_htod_async(self._values, self._staging[:count], stream)
+        self._staging_free.record(stream)
+        grid = (math.ceil(count / PATCH_THREADS), 1)
+        self._patch_fields.prepared_async_call(
+            grid, (PATCH_THREADS, 1, 1), stream, images, np.int32(first_row), status, self._values, np.int32(count)
+        )

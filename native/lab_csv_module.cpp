@@ -1,0 +1,296 @@
+// cnnlab._lab_csv: the lab's CSV text walked and parsed at C speed, with the GIL released, so
+// that several Python threads parse blocks of one file on several cores. The format's rules
+// (blank lines, CRLF, text bytes, the number grammar and its exact conversion) are
+// kernel/lab_csv.h's, which the CUDA parser (kernel/csv.cu) shares.
+//
+// Python API (every `data` is any object with a contiguous buffer of bytes: bytes, bytearray,
+// memoryview, a uint8 numpy array; offsets are byte offsets into it):
+//
+//   scan_rows(data, start, rows, max_line_bytes) -> (end, rows_found, lines_passed)
+//       From `start` (a line start) walk '\n'-ended lines until `rows` non-blank ones are taken.
+//       end: the offset just past the '\n' of the last line walked; rows_found: non-blank lines
+//       taken (< rows only where the data ran out); lines_passed: lines walked, blank ones
+//       included. An unterminated tail (bytes after the last '\n') is never taken: the caller
+//       appends the next block, or a '\n' at the end of the file.
+//       A line longer than max_line_bytes (its '\n' not counted), or an unterminated tail
+//       already longer, gives (-1, rows_found, index): index is the 0-based number of that line
+//       counted from `start` (= the lines walked before it), rows_found the non-blank lines
+//       before it.
+//
+//   parse_rows(data, start, end, width, out) -> int
+//       Parse every non-blank line of data[start:end] (whole lines: data[end-1] must be '\n'
+//       unless start == end) as `width` comma-separated numbers into `out`, a writable
+//       C-contiguous float64 buffer: non-blank line i fills out[i*width:(i+1)*width]. Returns -1
+//       when every line was good; otherwise the 0-based index, among the range's non-blank lines,
+//       of the first line that is not (a byte that is not text after the trailing '\r's are
+//       dropped, a field count other than `width`, a field float() refuses, '_', a value that is
+//       not finite). Lines before it are written; it and the lines after may be partly written.
+//       Values are exactly float()'s: lab_csv.h's, or std::from_chars where lab_csv.h cannot
+//       prove the rounding.
+//       ValueError: out holds fewer than (non-blank lines of the range) * width values (checked
+//       before any bad-line index is returned), width < 1, offsets out of range, a range that does
+//       not end at a line end. TypeError/BufferError: out is not a writable contiguous float64 buffer.
+//
+//   parse_field(data) -> (kind, value)
+//       One field through lab_parse_field (for tests): kind 0 (LAB_FIELD_OK) with its value,
+//       1 (LAB_FIELD_HOST) with std::from_chars's value (what parse_rows would write), or
+//       2 (LAB_FIELD_BAD) with None.
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <charconv>
+#include <cstring>
+#include <system_error>
+
+#include "lab_csv.h"
+
+namespace {
+
+// The double of a valid finite decimal that lab_csv.h could not prove (LAB_FIELD_HOST):
+// std::from_chars (correctly rounded in libstdc++ >= 12) of the text without its sign, which
+// from_chars would refuse as '+'. Returns LAB_FIELD_OK or LAB_FIELD_BAD (rounds to infinity).
+int convert_on_host(const char *begin, const char *end, double *out)
+{
+    while (begin < end && lab_is_field_space((unsigned char)*begin))
+        ++begin;
+    while (end > begin && lab_is_field_space((unsigned char)end[-1]))
+        --end;
+    bool negative = false;
+    if (begin < end && (*begin == '-' || *begin == '+')) {
+        negative = *begin == '-';
+        ++begin;
+    }
+    double value = 0.0;
+    const std::from_chars_result r = std::from_chars(begin, end, value, std::chars_format::general);
+    if (r.ec == std::errc::result_out_of_range) {
+        // Rounds to zero or to infinity. The text was valid and nonzero; tell which from its
+        // decimal exponent: lab_read_decimal gives value = w * 10^q with 1 <= w < 10^19, so
+        // q < 0 here means below 1e19 * 1e-1, far from overflow, i.e. it underflowed.
+        LabDecimal d;
+        const char *stop = begin;
+        if (!lab_read_decimal(begin, end, &d, &stop) || d.q >= 0)
+            return LAB_FIELD_BAD;
+        value = 0.0;
+    } else if (r.ec != std::errc() || r.ptr != end) {
+        return LAB_FIELD_BAD;  // not reached for text lab_csv.h called HOST
+    }
+    *out = negative ? -value : value;
+    return LAB_FIELD_OK;
+}
+
+// Non-blank lines in [p, end), whole '\n'-ended lines.
+Py_ssize_t count_rows(const char *p, const char *end)
+{
+    Py_ssize_t rows = 0;
+    while (p < end) {
+        const char *nl = static_cast<const char *>(std::memchr(p, '\n', end - p));
+        const char *line_end = nl ? nl : end;
+        rows += !lab_line_is_blank(p, line_end);
+        p = line_end + 1;
+    }
+    return rows;
+}
+
+// One non-blank row [p, line_end) (its '\r's already dropped) into out[0..width). True if good.
+inline bool parse_row(const char *p, const char *line_end, Py_ssize_t width, double *out)
+{
+    for (Py_ssize_t field = 0; field < width; ++field) {
+        while (p < line_end && lab_is_field_space((unsigned char)*p))
+            ++p;
+        const char *number = p;
+        int kind = lab_parse_number(p, line_end, &p, out + field);
+        if (kind == LAB_FIELD_BAD)
+            return false;
+        const char *number_end = p;
+        while (p < line_end && lab_is_field_space((unsigned char)*p))
+            ++p;
+        if (field + 1 < width) {
+            if (p == line_end || *p != ',')
+                return false;
+        } else if (p != line_end) {
+            return false;
+        }
+        if (kind == LAB_FIELD_HOST && convert_on_host(number, number_end, out + field) != LAB_FIELD_OK)
+            return false;
+        ++p;  // past the ',' (or past line_end after the last field: unused)
+    }
+    return true;
+}
+
+struct Buffer {
+    Py_buffer view;
+    bool held = false;
+    ~Buffer()
+    {
+        if (held)
+            PyBuffer_Release(&view);
+    }
+    bool get(PyObject *obj, int flags)
+    {
+        held = PyObject_GetBuffer(obj, &view, flags) == 0;
+        return held;
+    }
+};
+
+PyObject *scan_rows(PyObject *, PyObject *args)
+{
+    PyObject *data_obj;
+    Py_ssize_t start, rows, max_line;
+    if (!PyArg_ParseTuple(args, "Onnn:scan_rows", &data_obj, &start, &rows, &max_line))
+        return nullptr;
+    Buffer data;
+    if (!data.get(data_obj, PyBUF_SIMPLE))
+        return nullptr;
+    const Py_ssize_t size = data.view.len;
+    if (start < 0 || start > size || rows < 0 || max_line < 0) {
+        PyErr_Format(PyExc_ValueError, "scan_rows: start %zd, rows %zd, max_line_bytes %zd out of range for %zd bytes", start,
+                     rows, max_line, size);
+        return nullptr;
+    }
+    const char *base = static_cast<const char *>(data.view.buf);
+    Py_ssize_t position = start, found = 0, lines = 0;
+    bool too_long = false;
+    Py_BEGIN_ALLOW_THREADS
+    const char *const end = base + size;
+    const char *p = base + start;
+    while (found < rows) {
+        const Py_ssize_t left = end - p;
+        const Py_ssize_t window = left <= max_line ? left : max_line + 1;  // a '\n' further away ends a line too long
+        const char *nl = static_cast<const char *>(std::memchr(p, '\n', window));
+        if (!nl) {
+            too_long = left > max_line;
+            break;
+        }
+        // Blank: empty, or every byte blank (a line's first byte usually decides).
+        const bool blank = nl == p || (lab_is_blank_byte((unsigned char)*p) && lab_line_is_blank(p, nl));
+        found += !blank;
+        p = nl + 1;
+        ++lines;
+    }
+    position = p - base;
+    Py_END_ALLOW_THREADS
+    if (too_long)
+        return Py_BuildValue("(nnn)", (Py_ssize_t)-1, found, lines);
+    return Py_BuildValue("(nnn)", position, found, lines);
+}
+
+PyObject *parse_rows(PyObject *, PyObject *args)
+{
+    PyObject *data_obj, *out_obj;
+    Py_ssize_t start, stop, width;
+    if (!PyArg_ParseTuple(args, "OnnnO:parse_rows", &data_obj, &start, &stop, &width, &out_obj))
+        return nullptr;
+    Buffer data, out;
+    if (!data.get(data_obj, PyBUF_SIMPLE))
+        return nullptr;
+    if (!out.get(out_obj, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS))
+        return nullptr;
+    const char *format = out.view.format ? out.view.format : "B";
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    const bool little_ok = std::strcmp(format, "<d") == 0;
+#else
+    const bool little_ok = false;
+#endif
+    if (out.view.itemsize != 8 ||
+        !(std::strcmp(format, "d") == 0 || std::strcmp(format, "=d") == 0 || std::strcmp(format, "@d") == 0 || little_ok)) {
+        PyErr_Format(PyExc_TypeError, "parse_rows: out must be a float64 buffer, not format '%s'", format);
+        return nullptr;
+    }
+    const Py_ssize_t size = data.view.len, capacity = out.view.len / 8;
+    if (width < 1 || start < 0 || stop < start || stop > size) {
+        PyErr_Format(PyExc_ValueError, "parse_rows: range [%zd, %zd) or width %zd out of range for %zd bytes", start, stop, width,
+                     size);
+        return nullptr;
+    }
+    const char *base = static_cast<const char *>(data.view.buf);
+    if (stop > start && base[stop - 1] != '\n') {
+        PyErr_Format(PyExc_ValueError, "parse_rows: the range [%zd, %zd) does not end at a line end", start, stop);
+        return nullptr;
+    }
+    double *values = static_cast<double *>(out.view.buf);
+    Py_ssize_t row = 0, bad = -1, needed_rows = 0;
+    Py_BEGIN_ALLOW_THREADS
+    const Py_ssize_t max_rows = capacity / width;
+    const char *const end = base + stop;
+    const char *p = base + start;
+    while (p < end) {
+        const char *nl = static_cast<const char *>(std::memchr(p, '\n', end - p));  // found: the range ends with '\n'
+        const char *line = p;
+        p = nl + 1;
+        if (line == nl || (lab_is_blank_byte((unsigned char)*line) && lab_line_is_blank(line, nl)))
+            continue;
+        if (row >= max_rows) {
+            needed_rows = row + count_rows(line, end);
+            break;
+        }
+        if (!parse_row(line, lab_line_content_end(line, nl), width, values + row * width)) {
+            bad = row;
+            needed_rows = row + count_rows(line, end);
+            break;
+        }
+        ++row;
+    }
+    if (bad < 0 && needed_rows == 0)
+        needed_rows = row;
+    Py_END_ALLOW_THREADS
+    if (needed_rows > capacity / width) {
+        PyErr_Format(PyExc_ValueError, "parse_rows: out holds %zd values, the range's %zd non-blank lines need %zd", capacity,
+                     needed_rows, needed_rows * width);
+        return nullptr;
+    }
+    return PyLong_FromSsize_t(bad);
+}
+
+PyObject *parse_field(PyObject *, PyObject *arg)
+{
+    Buffer data;
+    if (!data.get(arg, PyBUF_SIMPLE))
+        return nullptr;
+    const char *begin = static_cast<const char *>(data.view.buf);
+    const char *end = begin + data.view.len;
+    double value = 0.0;
+    int kind = lab_parse_field(begin, end, &value);
+    if (kind == LAB_FIELD_HOST && convert_on_host(begin, end, &value) != LAB_FIELD_OK)
+        return Py_BuildValue("(iO)", LAB_FIELD_BAD, Py_None);  // an overflow lab_csv.h left to the host
+    if (kind == LAB_FIELD_BAD)
+        return Py_BuildValue("(iO)", kind, Py_None);
+    return Py_BuildValue("(id)", kind, value);
+}
+
+PyMethodDef methods[] = {
+    {"scan_rows", scan_rows, METH_VARARGS,
+     "scan_rows(data, start, rows, max_line_bytes) -> (end, rows_found, lines_passed)\n\n"
+     "Walk '\\n'-ended lines from `start` until `rows` non-blank ones are taken. A line longer than\n"
+     "max_line_bytes gives (-1, rows_found, index of that line counted from start)."},
+    {"parse_rows", parse_rows, METH_VARARGS,
+     "parse_rows(data, start, end, width, out) -> int\n\n"
+     "Parse the non-blank lines of data[start:end] as `width` numbers each into the float64 buffer\n"
+     "`out`; -1 if all were good, else the index among the non-blank lines of the first bad one."},
+    {"parse_field", parse_field, METH_O,
+     "parse_field(data) -> (kind, value)\n\n"
+     "One field: (0, value) proved by lab_csv.h, (1, value) converted by std::from_chars, (2, None) refused."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "cnnlab._lab_csv",
+    "The lab's CSV walked and parsed natively (kernel/lab_csv.h's rules), the GIL released.", -1, methods,
+    nullptr,           nullptr,
+    nullptr,           nullptr,
+};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__lab_csv(void)
+{
+    PyObject *m = PyModule_Create(&module);
+    if (!m)
+        return nullptr;
+    if (PyModule_AddIntConstant(m, "FIELD_OK", LAB_FIELD_OK) < 0 || PyModule_AddIntConstant(m, "FIELD_HOST", LAB_FIELD_HOST) < 0 ||
+        PyModule_AddIntConstant(m, "FIELD_BAD", LAB_FIELD_BAD) < 0) {
+        Py_DECREF(m);
+        return nullptr;
+    }
+    return m;
+}

@@ -1,0 +1,573 @@
+"""cnnlab._lab_csv (native/lab_csv_module.cpp, kernel/lab_csv.h) against Python: every value bit for
+bit what float() gives, every spelling float() refuses refused (and '_', inf, nan, overflow too),
+and the line layout (blank lines, CRLF, field counts, text bytes) as the Python line checker reads it.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from decimal import Context, Decimal
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+try:
+    from cnnlab import _lab_csv as native
+except ImportError:  # built by `pip install -e .` or `python setup.py build_ext --inplace`, where a C++17 compiler is
+    native = None
+
+pytestmark = pytest.mark.skipif(
+    native is None,
+    reason="cnnlab._lab_csv is not built (it needs a C++17 compiler: `pip install -e .` or `python setup.py build_ext --inplace`)",
+)
+
+OK, HOST, BAD = 0, 1, 2
+BLANK = b" \t\r\x0b\x0c"  # bytes.strip()'s whitespace, less '\n'
+
+
+def reference(text: str | bytes) -> float | None:
+    """The lab's rule in Python: float() of the stripped field, refused if '_' or not finite."""
+    if isinstance(text, bytes):
+        text = text.decode("latin-1")
+    text = text.strip(" \t")
+    if "_" in text or not text or any(not (c == "\t" or " " <= c <= "~") for c in text):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def bits(values) -> np.ndarray:
+    return np.asarray(values, dtype=np.float64).view(np.uint64)
+
+
+def parse_column(texts: list[str], width: int = 100) -> np.ndarray:
+    """The texts as rows of `width` fields (the last row padded with '0') through parse_rows."""
+    padded = texts + ["0"] * (-len(texts) % width)
+    text = "".join(",".join(padded[i : i + width]) + "\n" for i in range(0, len(padded), width)).encode()
+    out = np.full(len(padded), np.nan)
+    assert native.parse_rows(text, 0, len(text), width, out) == -1
+    return out[: len(texts)]
+
+
+def assert_exact(texts: list[str], got: np.ndarray) -> None:
+    expected = [float(t) for t in texts]
+    wrong = np.flatnonzero(bits(expected) != bits(got))
+    details = [f"{texts[i]!r}: {got[i]!r} != float() {expected[i]!r}" for i in wrong[:5]]
+    assert not len(wrong), f"{len(wrong)} of {len(texts)} values differ from float(): " + "; ".join(details)
+
+
+def random_doubles(rng: np.random.Generator, n: int) -> np.ndarray:
+    """Finite doubles from random bit patterns (every exponent equally likely), the lab's uniform
+    [-10, 10] values, subnormals, and small integers."""
+    raw = rng.integers(0, 1 << 64, size=n, dtype=np.uint64, endpoint=False).view(np.float64)
+    raw = raw[np.isfinite(raw)]
+    k = n // 8
+    subnormal = (rng.integers(0, 1 << 52, size=k, dtype=np.uint64) | (rng.integers(0, 2, size=k, dtype=np.uint64) << 63)).view(
+        np.float64
+    )
+    return np.concatenate([raw, rng.uniform(-10, 10, k), subnormal, rng.integers(-(10**6), 10**6, k).astype(np.float64)])
+
+
+def pad(rng: np.random.Generator, texts: list[str]) -> list[str]:
+    spaces = ["", " ", "\t", "  ", " \t", "\t "]
+    left, right = rng.integers(0, len(spaces), (2, len(texts)))
+    return [spaces[a] + t + spaces[b] for t, a, b in zip(texts, left, right)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Values
+
+
+def test_a_million_random_doubles_in_repr_are_exact(rng: np.random.Generator) -> None:
+    values = random_doubles(rng, 1_000_000)
+    texts = list(map(repr, values.tolist()))
+    got = parse_column(texts)
+    assert np.array_equal(bits(got), bits(values))  # repr round-trips, so float() gives the value itself
+    assert_exact(texts, got)
+
+
+@pytest.mark.parametrize(
+    "form",
+    ["%.17e", "%.25e", "%.17E", "+repr", "%.40g", "padded repr"],
+)
+def test_random_doubles_in_other_forms_are_exact(rng: np.random.Generator, form: str) -> None:
+    values = random_doubles(rng, 200_000).tolist()
+    if form == "+repr":
+        texts = [("+" if v >= 0 and math.copysign(1, v) > 0 else "") + repr(v) for v in values]
+    elif form == "padded repr":
+        texts = pad(rng, list(map(repr, values)))
+    else:
+        texts = [form % v for v in values]
+    assert_exact(texts, parse_column(texts))
+
+
+EXTREMES = [
+    "4.9406564584124654e-324",
+    "5e-324",
+    "2.4703282292062327e-324",  # just below half the smallest subnormal: 0
+    "2.4703282292062328e-324",  # just above: the smallest subnormal
+    "2.2250738585072011e-308",
+    "2.2250738585072014e-308",
+    "2.2250738585072012e-308",
+    "2.225073858507201136057409796709131975934819546351645648e-308",
+    "1.7976931348623157e308",
+    "1.7976931348623158e308",
+    "-0.0",
+    "-0",
+    "+0",
+    "0e999",
+    "-0e999999999999999999",
+    "0e-999999999999999999999",
+    "1e-400",
+    "-1e-400",
+    "1e-99999999999999999999",
+    "9007199254740993",  # 2^53 + 1: a tie, to even
+    "9007199254740993.0000000000000000000001",
+    "9007199254740995",
+    "18014398509481986",
+    "295147905179352891391",  # 2^68 - 1
+    "1e22",
+    "1e23",
+    "8.98846567431158e307",
+    "123456789e-330",
+    "0.000000000000000000000000000000000000000000001",
+    "1." + "0" * 400,
+    "0." + "0" * 400 + "1e401",
+    "1" + "0" * 300,
+    "0.1",
+    "0.3",
+    "1.",
+    ".5",
+    "-.5",
+    "1e5",
+    "1E+05",
+    "+.5e-3",
+    "00000000000000000000000000000000000001.5",
+    "0000.000000000000000000000000000000000001e38",
+    "007",
+    "1.e5",
+    "  3.25\t",
+    "\t-7\t",
+]
+
+
+@pytest.mark.parametrize("text", EXTREMES)
+def test_extremes_and_spellings_are_exact(text: str) -> None:
+    expected = reference(text)
+    kind, value = native.parse_field(text.encode())
+    assert expected is not None and kind in (OK, HOST)
+    assert bits([value]) == bits([expected]), f"{text!r}: {value!r} != {expected!r}"
+    assert_exact([text], parse_column([text], width=1))
+
+
+def test_overflow_at_the_rounding_boundary_is_refused() -> None:
+    # the largest double (2^1024 - 2^971) plus half an ulp, exactly: a tie that rounds (to even) to infinity, as float() does
+    boundary = 2**1024 - 2**970
+    text = str(boundary)
+    assert math.isinf(float(text))
+    assert native.parse_field(text.encode()) == (BAD, None)
+    below = str(boundary - 1)
+    assert native.parse_field(below.encode())[1] == float(below) == 1.7976931348623157e308
+
+
+def midpoint_texts(rng: np.random.Generator, count: int) -> list[str]:
+    """Decimal strings right at and around the halfway points between adjacent doubles."""
+    context, wide = Context(prec=1200), Context(prec=60)
+    texts = []
+    doubles = random_doubles(rng, count)[: count // 2].tolist() + rng.uniform(-10, 10, count // 2).tolist()
+    for x in doubles:
+        x, after = abs(x), math.nextafter(abs(x), math.inf)
+        if math.isinf(after):
+            continue
+        mid = (Fraction(x) + Fraction(after)) / 2
+        exact = context.divide(Decimal(mid.numerator), Decimal(mid.denominator))  # exact: the denominator is a power of 2
+        texts.append(format(exact, "e"))
+        forty = Context(prec=40).plus(exact)
+        unit = Decimal((0, (1,), forty.adjusted() - 39))
+        for offset in (-3, -1, 0, 1, 3):
+            near = wide.add(forty, wide.multiply(offset, unit))
+            for digits in (17, 19, 20, 23, 30, 40, 45):
+                texts.append(format(near, f".{digits - 1}e"))
+            texts.append(format(near, "f") if -30 < near.adjusted() < 30 else format(near, "E"))
+    signs = rng.integers(0, 3, len(texts))
+    return [("-", "+", "")[s] + t for t, s in zip(texts, signs)]
+
+
+def test_halfway_points_are_exact(rng: np.random.Generator) -> None:
+    texts = midpoint_texts(rng, 4000)
+    assert_exact(texts, parse_column(texts))
+    kinds = [native.parse_field(t.encode())[0] for t in texts[:2000]]
+    assert kinds.count(HOST) > 0, "the halfway points should need the host sometimes"
+
+
+def test_host_fields_take_every_shape() -> None:
+    # More than 19 digits at or near a halfway point, in every shape the grammar allows: HOST, then from_chars.
+    shapes = [
+        "0.1000000000000000055511151231257827021181583404541015625",  # exactly the double 0.1
+        "0.10000000000000000555111512312578270211815834045410156250000001",
+        "1.00000000000000011102230246251565404236316680908203125",  # 1 + 2^-53: a tie, to even
+        "1.00000000000000011102230246251565404236316680908203125e0",
+        "100000000000000011102230246251565404236316680908203125.e-53",
+        ".100000000000000011102230246251565404236316680908203125E1",
+        "-1.00000000000000011102230246251565404236316680908203124",
+        "+1.00000000000000011102230246251565404236316680908203126",
+        "9007199254740993000000000000001",  # just above 2^53 + 1, a tie: rounds up
+        "9007199254740993000000000000000e-15",  # the tie itself: to even
+        "0.000000000000000000000000000000000000000000000000000000000000000000001000000000000000055511151231257827",
+    ]
+    for text in shapes:
+        kind, value = native.parse_field(text.encode())
+        assert kind in (OK, HOST) and bits([value]) == bits([float(text)]), text
+    assert native.parse_field(shapes[2].encode())[0] == HOST
+
+
+# ---------------------------------------------------------------------------------------------
+# Refusals
+
+REFUSED = [
+    "",
+    " ",
+    "\t \t",
+    ".",
+    "+",
+    "-",
+    "+.",
+    "e5",
+    ".e5",
+    "1e",
+    "1e+",
+    "1e-",
+    "1.5.2",
+    "--1",
+    "+-1",
+    "-+1",
+    "0x10",
+    "1_0",
+    "1_000.5",
+    "1.0_1",
+    "1e1_0",
+    "nan",
+    "NaN",
+    "-nan",
+    "inf",
+    "-inf",
+    "+Infinity",
+    "-Infinity",
+    "infinity",
+    "1e400",
+    "-1e400",
+    "1e99999999999999",
+    "1e99999999999999999999999999",
+    "1.7976931348623159e308",
+    "1,5",
+    "abc",
+    "1 2",
+    "1e 5",
+    "1 e5",
+    "- 1",
+    "1e5e5",
+    "1d5",
+    "1.5f",
+    "١",  # an Arabic-Indic digit float() takes in a str, but never a text byte
+    "1\x00",
+    "1\r",
+    "\x0b1",
+    "1\x0c",
+    "1\n",
+    "1\x7f",
+    "1\xff",
+]
+
+
+@pytest.mark.parametrize("text", REFUSED)
+def test_refused_spellings(text: str) -> None:
+    data = text.encode("utf-8") if not text.endswith("\xff") else text.encode("latin-1")
+    assert reference(data) is None
+    assert native.parse_field(data) == (BAD, None)
+    line = b"0," + data + b",0\n"
+    if b"," in data:
+        assert native.parse_rows(line, 0, len(line), 3, np.empty(3)) == 0  # "1,5" is two fields: 4 in all
+        assert native.parse_rows(line, 0, len(line), 4, np.empty(4)) == -1
+    else:
+        assert native.parse_rows(line, 0, len(line), 3, np.empty(6)) == 0  # (room for "1\n" as two lines)
+
+
+def test_random_short_strings_agree_with_float(rng: np.random.Generator) -> None:
+    alphabet = np.array(list("0123456789+-.eE _x"))
+    texts = ["".join(alphabet[rng.integers(0, len(alphabet), rng.integers(0, 9))]) for _ in range(40_000)]
+    texts += ["".join(alphabet[rng.integers(0, 15, rng.integers(1, 30))]) for _ in range(20_000)]  # digits, signs, '.', 'e', 'E'
+    accepted = 0
+    for text in texts:
+        expected = reference(text)
+        kind, value = native.parse_field(text.encode())
+        if expected is None:
+            assert kind == BAD, f"{text!r} accepted as {value!r}; float() refuses it (or it is not finite, or has '_')"
+        else:
+            assert kind in (OK, HOST) and bits([value]) == bits([expected]), f"{text!r}: {value!r} != float() {expected!r}"
+            accepted += 1
+    assert accepted > 4_000
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.floats(allow_nan=False, allow_infinity=False), st.sampled_from(["{!r}", "{:.17e}", "{:.30e}", "{:.20g}", "{:+.3E}", " {!r}\t"]))
+def test_hypothesis_floats_in_any_format(value: float, form: str) -> None:
+    text = form.format(value)
+    kind, got = native.parse_field(text.encode())
+    if reference(text) is None:  # rounded up past the largest double by the format
+        assert kind == BAD and math.isinf(float(text))
+        return
+    assert kind in (OK, HOST) and bits([got]) == bits([float(text)])
+    assert bits(parse_column([text], width=1)) == bits([float(text)])
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.text(alphabet="0123456789+-.eE _x\t", max_size=14))
+def test_hypothesis_strings_agree_with_float(text: str) -> None:
+    expected = reference(text)
+    kind, value = native.parse_field(text.encode())
+    if expected is None:
+        assert kind == BAD
+    else:
+        assert kind in (OK, HOST) and bits([value]) == bits([expected])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(min_value=0, max_value=10**60),
+    st.integers(min_value=-400, max_value=340),
+    st.integers(min_value=0, max_value=30),
+)
+def test_hypothesis_long_decimals(mantissa: int, exponent: int, leading_zeros: int) -> None:
+    digits = "0" * leading_zeros + str(mantissa)
+    for text in (f"{digits}e{exponent}", f"{digits[:1]}.{digits[1:]}e{exponent}", f".{digits}E{exponent:+d}"):
+        expected = reference(text)
+        kind, value = native.parse_field(text.encode())
+        if expected is None:
+            assert kind == BAD, text
+        else:
+            assert kind in (OK, HOST) and bits([value]) == bits([expected]), text
+
+
+# ---------------------------------------------------------------------------------------------
+# Lines: parse_rows and scan_rows against a model in Python
+
+
+def model_rows(data: bytes, width: int) -> tuple[list[float], int]:
+    """(values of the good lines before the first bad one, index of the first bad non-blank line or -1)."""
+    values, row = [], 0
+    for line in data.split(b"\n")[:-1]:
+        if not line.strip(BLANK):
+            continue
+        line = line.rstrip(b"\r")
+        fields = line.split(b",")
+        parsed = [reference(f) for f in fields]
+        if any(not (b == 9 or 32 <= b <= 126) for b in line) or len(fields) != width or None in parsed:
+            return values, row
+        values += parsed
+        row += 1
+    return values, -1
+
+
+def model_scan(data: bytes, start: int, rows: int, max_line: int) -> tuple[int, int, int]:
+    position, found, lines = start, 0, 0
+    while found < rows:
+        newline = data.find(b"\n", position)
+        if newline < 0:
+            if len(data) - position > max_line:
+                return -1, found, lines
+            break
+        if newline - position > max_line:
+            return -1, found, lines
+        found += bool(data[position:newline].strip(BLANK))
+        position, lines = newline + 1, lines + 1
+    return position, found, lines
+
+
+def test_layout() -> None:
+    def run(data: bytes, width: int = 3, out_len: int | None = None) -> tuple[int, np.ndarray]:
+        out = np.full(out_len if out_len is not None else 30, -99.0)
+        return native.parse_rows(data, 0, len(data), width, out), out
+
+    assert run(b"1,2,3\r\n\r\n \t\r\x0b\x0c\n4,5,6\r\r\n")[0] == -1  # CRLF, blank lines of every blank byte
+    result, out = run(b"\n\n1,2,3\n  \t\n4,5, 6 \n")
+    assert result == -1 and out[:6].tolist() == [1, 2, 3, 4, 5, 6]
+    assert run(b"1,2,3\n1,2\n")[0] == 1  # too few fields
+    assert run(b"1,2,3\n\n1,2,3,4\n")[0] == 1  # too many
+    assert run(b"1,2,3,\n")[0] == 0  # a trailing comma is an empty fourth field
+    assert run(b"1,,3\n")[0] == 0  # a missing value
+    assert run(b"1,2,3\n1,2\r,3\n")[0] == 1  # a '\r' inside a line
+    assert run(b"1,2,3\r \n")[0] == 0  # '\r' then a space: the '\r' is not at the end
+    assert run(b"1,2,3\n\x001,2,3\n")[0] == 1  # a byte that is not text
+    assert run(b"1,2,3\n1,2,3\x1a\n")[0] == 1
+    assert run(b"1,2,3\n1,2,\xe93\n")[0] == 1
+    assert run(b"1,2,3\n1,2,3\x0b\n")[0] == 1  # \v is blank on a blank line, not text inside one
+    assert run(b"1\t,\t2\t,\t3\n")[0] == -1  # tabs are text
+    result, out = run(b"1,2,3\n4,5,6\nx\n7,8,9\n")
+    assert result == 2 and out[:6].tolist() == [1, 2, 3, 4, 5, 6]  # the lines before the bad one are written
+    assert run(b"")[0] == -1
+    assert run(b" \n\t\n")[0] == -1
+    with pytest.raises(ValueError, match="out holds 5 values"):
+        run(b"1,2,3\n4,5,6\n", out_len=5)
+    with pytest.raises(ValueError, match="out holds 5 values"):
+        run(b"x\n4,5,6\n", out_len=5)  # checked before a bad line's index is returned
+    assert run(b"x\n4,5,6\n", out_len=6)[0] == 0
+    with pytest.raises(ValueError, match="line end"):
+        run(b"1,2,3\n4,5,6")
+    with pytest.raises(ValueError):
+        native.parse_rows(b"1\n", 0, 3, 1, np.empty(1))
+    with pytest.raises(ValueError):
+        native.parse_rows(b"1\n", 0, 2, 0, np.empty(1))
+    with pytest.raises(TypeError):
+        native.parse_rows(b"1\n", 0, 2, 1, np.empty(1, np.float32))
+    with pytest.raises((BufferError, TypeError, ValueError)):
+        native.parse_rows(b"1\n", 0, 2, 1, np.empty(4)[::2])
+    readonly = np.empty(1)
+    readonly.flags.writeable = False
+    with pytest.raises((BufferError, TypeError, ValueError)):
+        native.parse_rows(b"1\n", 0, 2, 1, readonly)
+    data = bytearray(b"9\n1,2\n3,4\n")  # offsets into a larger buffer, any buffer type
+    out = np.empty(4)
+    assert native.parse_rows(memoryview(data), 2, len(data), 2, out) == -1 and out.tolist() == [1, 2, 3, 4]
+    assert native.parse_rows(np.frombuffer(bytes(data), np.uint8), 6, 10, 2, out[2:]) == -1
+
+
+def test_scan_rows() -> None:
+    data = b"3\n\n1,2\r\n \t\r\n4,5\n6"
+    assert native.scan_rows(data, 0, 10, 100) == (16, 3, 5)  # the unterminated "6" is never taken
+    assert native.scan_rows(data, 0, 2, 100) == (8, 2, 3)
+    assert native.scan_rows(data, 2, 1, 100) == (8, 1, 2)
+    assert native.scan_rows(data, 0, 0, 100) == (0, 0, 0)
+    assert native.scan_rows(data, len(data), 5, 100) == (len(data), 0, 0)
+    assert native.scan_rows(data + b"\n", 0, 10, 100) == (len(data) + 1, 4, 6)
+    assert native.scan_rows(data, 0, 10, 3) == (-1, 1, 2)  # "1,2\r" is 4 bytes: line 2 too long, after 1 row
+    assert native.scan_rows(b"12\n12345", 0, 5, 4) == (-1, 1, 1)  # a tail already too long
+    assert native.scan_rows(b"12\n1234", 0, 5, 4) == (3, 1, 1)
+    assert native.scan_rows(b"1234\n", 0, 5, 4) == (5, 1, 1)
+    with pytest.raises(ValueError):
+        native.scan_rows(data, len(data) + 1, 1, 100)
+
+
+LINE_CHOICES = [
+    b"1,2,3",
+    b"-1.5e3, +.5 ,\t7.",
+    b"1,2,3\r",
+    b"1,2,3\r\r",
+    b"0.1,0.2,0.30000000000000004",
+    b"",
+    b" ",
+    b"\t\r",
+    b"\r",
+    b"\x0b\x0c",
+    b"1,2",
+    b"1,2,3,4",
+    b"1,2,x",
+    b"1,2,3\r ",
+    b"1,,3",
+    b"1_0,2,3",
+    b"1,2,inf",
+    b"1,2,1e400",
+    b"1,\x002,3",
+    b"1,2,3\x80",
+    b" 1 , 2 , 3 ",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(LINE_CHOICES), max_size=12), st.integers(0, 8), st.integers(0, 12))
+def test_hypothesis_lines_match_the_model(lines: list[bytes], rows: int, max_line: int) -> None:
+    data = b"".join(line + b"\n" for line in lines)
+    expected_values, expected_bad = model_rows(data, 3)
+    non_blank = sum(1 for line in lines if line.strip(BLANK))
+    out = np.full(3 * non_blank, np.nan)
+    result = native.parse_rows(data, 0, len(data), 3, out)
+    assert result == expected_bad
+    assert bits(out[: len(expected_values)]).tolist() == bits(expected_values).tolist()
+    tail = data + b"1,2"  # an unterminated tail
+    assert native.scan_rows(tail, 0, rows, max_line) == model_scan(tail, 0, rows, max_line)
+    assert native.scan_rows(tail, 0, rows, 1 << 20) == model_scan(tail, 0, rows, 1 << 20)
+
+
+def test_threads_release_the_gil_and_agree(rng: np.random.Generator) -> None:
+    values = rng.uniform(-10, 10, (4000, 100))
+    text = "".join(",".join(map(repr, row)) + "\n" for row in values.tolist()).encode()
+    half = text.index(b"\n", len(text) // 2) + 1
+    rows_first = text[:half].count(b"\n")
+    out = np.empty(values.size)
+    results = {}
+
+    def work(name: str, start: int, end: int, target: np.ndarray) -> None:
+        results[name] = native.parse_rows(text, start, end, 100, target)
+
+    threads = [
+        threading.Thread(target=work, args=("a", 0, half, out[: rows_first * 100])),
+        threading.Thread(target=work, args=("b", half, len(text), out[rows_first * 100 :])),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == {"a": -1, "b": -1}
+    assert np.array_equal(bits(out), bits(values.reshape(-1)))
+
+
+# Cutting a window into pieces on several threads gives the pieces one thread gives.
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.sampled_from([b"1,2", b"", b" \t", b"3,4\r", b"\r"]), max_size=60),
+    st.integers(0, 40),
+    st.integers(1, 9),
+    st.integers(1, 7),
+    st.booleans(),
+)
+def test_cutting_on_several_threads_matches_one_thread(
+    lines: list[bytes], rows: int, every: int, threads: int, tail: bool
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cnnlab import csvtext
+
+    data = np.frombuffer(b"".join(line + b"\n" for line in lines) + (b"5,6" if tail else b""), np.uint8)
+    expected = csvtext._cut_one_thread(data, 0, rows, every)
+    saved = csvtext.SHARE_BYTES
+    csvtext.SHARE_BYTES = 1  # every share a few bytes: cuts land on share edges, in blank lines, in the tail
+    try:
+        with ThreadPoolExecutor(threads) as pool:
+            assert csvtext.cut_rows(data, 0, rows, every, pool, threads) == expected
+    finally:
+        csvtext.SHARE_BYTES = saved
+    assert sum(found for _, found, _ in expected) == min(rows, sum(1 for line in lines if line.strip(BLANK)))
+
+
+def test_a_file_read_on_several_threads_gives_the_same_spans(tmp_path, rng: np.random.Generator) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cnnlab import csvtext
+
+    values = rng.uniform(-10, 10, (30000, 10))
+    text = "".join(",".join(map(repr, row)) + ("\n\n" if index % 7 == 0 else "\r\n") for index, row in enumerate(values.tolist()))
+    path = tmp_path / "rows.csv"
+    path.write_bytes(text.encode())
+    spans = {}
+    for threads in (1, 4):
+        with open(path, "rb") as file, ThreadPoolExecutor(threads) as pool:
+            source = csvtext.TextSource(path, file, pool=pool if threads > 1 else None, threads=threads)
+            source.reserve(len(text) // 3)
+            taken = []
+            while (span := source.take(4567, 1000)).rows:
+                pieces = span.pieces(1000)
+                assert [piece.rows for piece in pieces[:-1]] == [1000] * (len(pieces) - 1)
+                assert pieces[0].start == span.start and pieces[-1].end == span.end
+                taken.append([(piece.rows, piece.line_before, piece.data[piece.start : piece.end].tobytes()) for piece in pieces])
+            spans[threads] = taken
+            assert source.lines_taken == text.count("\n")
+    assert spans[1] == spans[4]
+    assert b"".join(piece[2] for pieces in spans[4] for piece in pieces) == text.encode()
