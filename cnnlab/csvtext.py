@@ -103,7 +103,7 @@ def cut_rows(data: np.ndarray, start: int, rows: int, every: int, pool: Executor
     the rows of its share (cut at line starts), then each cut is found from the start of the share
     it falls in. The pieces are exactly one thread's.
     """
-    shares = _shares(data, start, threads) if pool is not None and native is not None and rows else []
+    shares = _shares(data, start, threads) if pool is not None and native is not None and rows and threads >= SHARED_CUT_THREADS else []
     if len(shares) < 2:
         return _cut_one_thread(data, start, rows, every)
     try:
@@ -144,6 +144,8 @@ def _cut_one_thread(data: np.ndarray, start: int, rows: int, every: int) -> list
 
 # Bytes a thread walks at least, where cutting is shared out: smaller shares cost more than they save.
 SHARE_BYTES = 1 << 22
+# One thread walks lines at ~10-30 GB/s (memchr): shared out, the two passes and the hand-offs pay only on many cores.
+SHARED_CUT_THREADS = 4
 
 
 def _shares(data: np.ndarray, start: int, threads: int) -> list[tuple[int, int]]:
@@ -220,10 +222,10 @@ class TextSource:
         self.lines_taken = 0  # lines wholly before `start`, blank ones included
 
     def reserve(self, nbytes: int) -> None:
-        """Make each window hold at least `nbytes` (a span that size needs no growing on the way);
-        before any span is in use, since a window replaced is freed."""
-        for index in range(len(self._windows)):
-            self._grow(index, nbytes)
+        """Make the window the next take() fills hold at least `nbytes`, so that a span that size needs no
+        growing on the way; the other window grows to match at its turn, while the first span is in use
+        (pinning memory is slow: half of it is then done while the GPU works)."""
+        self._grow(1 - self._current, nbytes)
 
     def _grow(self, index: int, nbytes: int) -> None:
         """Window `index` at least `nbytes` long, the bytes read into the current one kept at their offsets."""
@@ -244,7 +246,8 @@ class TextSource:
         position, cuts, taken, walked = self._start, [], 0, 0
         while True:
             # Walk what the rows still wanted should take, or all that is read (everything past the first span).
-            budget = int(1.03 * (rows - taken) * self.row_bytes) + READ_BYTES // 8 if self.row_bytes else None
+            # Rows vary little in length (random values' text: a few percent), and their sum over many rows far less.
+            budget = int(1.005 * (rows - taken) * self.row_bytes) + READ_BYTES // 32 if self.row_bytes else None
             limit = self._filled if budget is None else min(self._filled, position + budget)
             window = self._windows[self._current]
             try:

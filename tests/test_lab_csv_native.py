@@ -537,13 +537,13 @@ def test_cutting_on_several_threads_matches_one_thread(
 
     data = np.frombuffer(b"".join(line + b"\n" for line in lines) + (b"5,6" if tail else b""), np.uint8)
     expected = csvtext._cut_one_thread(data, 0, rows, every)
-    saved = csvtext.SHARE_BYTES
-    csvtext.SHARE_BYTES = 1  # every share a few bytes: cuts land on share edges, in blank lines, in the tail
+    saved = csvtext.SHARE_BYTES, csvtext.SHARED_CUT_THREADS
+    csvtext.SHARE_BYTES, csvtext.SHARED_CUT_THREADS = 1, 1  # shares of a few bytes: cuts land on share edges, in blank lines, in the tail
     try:
         with ThreadPoolExecutor(threads) as pool:
             assert csvtext.cut_rows(data, 0, rows, every, pool, threads) == expected
     finally:
-        csvtext.SHARE_BYTES = saved
+        csvtext.SHARE_BYTES, csvtext.SHARED_CUT_THREADS = saved
     assert sum(found for _, found, _ in expected) == min(rows, sum(1 for line in lines if line.strip(BLANK)))
 
 

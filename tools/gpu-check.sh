@@ -7,6 +7,7 @@
 #   tests     every test, GPU ones included
 #   bench     cnnlab bench, every row, with --json and --plot
 #   bar       10,000 CSV images: cpu, cuda (CSV parsed on the GPU) and cuda --host-parse agree, and their wall times
+#             (also cpu --no-read-ahead and cuda --batch 512)
 #   startup   the default data (4 images) in cpu and cuda mode, three times each: wall time and start-up
 #   npy       65,536 images in a .npy file in the page cache: the compute loop's rate (issue 5)
 #   memory    peak RSS of 2,000 and 20,000 images, cpu and cuda, CSV and .npy (issue 5)
@@ -51,7 +52,7 @@ for stage in $stages; do
       cnnlab generate --images 10000 --seed 459 --out-dir "$WORK/bar"
       cat "$WORK/bar/in.csv" > /dev/null  # in the page cache
       {
-        for run in "cpu" "cuda" "cuda --host-parse"; do
+        for run in "cpu" "cpu --no-read-ahead" "cuda" "cuda --host-parse" "cuda --batch 512"; do
           name=$(echo $run | tr -d ' -')
           timed "$run" python3 -m cnnlab $run "$WORK/bar/cnn.csv" "$WORK/bar/in.csv" "$WORK/bar/out_$name.csv" --timing-json "$OUT/bar_$name.json"
           python3 -c "import json, sys; f = json.load(open(sys.argv[1])); print('  loop', round(f['loop_seconds'], 3), 's,', round(f['loop_images_per_second']), 'images/s; start-up', f['startup_seconds'])" "$OUT/bar_$name.json"
