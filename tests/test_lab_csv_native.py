@@ -571,3 +571,20 @@ def test_a_file_read_on_several_threads_gives_the_same_spans(tmp_path, rng: np.r
             assert source.lines_taken == text.count("\n")
     assert spans[1] == spans[4]
     assert b"".join(piece[2] for pieces in spans[4] for piece in pieces) == text.encode()
+
+
+# Writing: format_rows is repr(), value by value.
+
+
+def test_format_rows_is_repr_across_every_exponent(rng: np.random.Generator) -> None:
+    values = rng.integers(0, 2**64, (50000, 10), dtype=np.uint64).view(np.float64)  # every exponent, subnormals too
+    values[0, :8] = [0.0, -0.0, 1e16, 1e15, 1e-4, 1e-5, 5e-324, 1.7976931348623157e308]
+    values[1, :3] = [np.inf, -np.inf, np.nan]
+    expected = "".join(",".join(map(repr, row)) + "\n" for row in values.tolist())
+    assert native.format_rows(values) == expected
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.floats(allow_nan=False), min_size=1, max_size=12))
+def test_hypothesis_format_rows_is_repr(row: list[float]) -> None:
+    assert native.format_rows(np.array([row])) == ",".join(map(repr, row)) + "\n"

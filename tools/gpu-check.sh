@@ -13,6 +13,7 @@
 #   memory    peak RSS of 2,000 and 20,000 images, cpu and cuda, CSV and .npy (issue 5)
 #   failrate  100,000 images: how many outputs fail the lab's comparison, cuda against cpu (issue 6)
 #   long      200,000 images from .npy through cuda: a long run's wall time, rate and memory (issue 6)
+#   crossover cpu against cuda on CSV files of 4 to 3,000 images: from how many images the GPU pays off
 #   parsers   the native CSV parser on 1..16 threads (MB/s) and csv.cu's kernels (GB/s of text), 1,000 images
 #   sweep     the page-locked row against the copy bound for a few chunk sizes and stream counts
 set -uo pipefail
@@ -97,6 +98,17 @@ for stage in $stages; do
       done 2>&1 | tee "$OUT/failrate.log"
       cnnlab compare "$WORK/fail/out_cpu.npy" "$WORK/fail/out_cuda.npy" 2>&1 | tee -a "$OUT/failrate.log"
       rm -rf "$WORK/fail" ;;
+    crossover)
+      for images in 4 30 100 300 1000 3000; do
+        cnnlab generate --images $images --out-dir "$WORK/cross" >/dev/null
+        for mode in cpu cuda; do
+          for run in 1 2 3; do
+            /usr/bin/time -f "%e" -o "$WORK/cross/t_${mode}_$run" python3 -m cnnlab $mode "$WORK/cross/cnn.csv" "$WORK/cross/in.csv" "$WORK/cross/out.csv" >/dev/null
+          done
+          echo "$images images, $mode: wall $(cat "$WORK/cross/t_${mode}_"* | sort -n | tr '\n' ' ')s (3 runs)"
+        done
+      done 2>&1 | tee "$OUT/crossover.log" || status=1
+      rm -rf "$WORK/cross" ;;
     parsers)
       python3 tools/bench_lab_csv.py --images 1000 --dir "$WORK/parsers" --threads 1 2 4 8 16 2>&1 | tee "$OUT/parsers.log" || status=1
       python3 tools/bench_csv_gpu.py "$WORK/parsers/in.csv" 2>&1 | tee -a "$OUT/parsers.log" || status=1
