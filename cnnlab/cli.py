@@ -140,7 +140,8 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from cnnlab.bench import BenchOptions, format_table, run_bench, write_report
+    from cnnlab.bench import run_bench
+    from cnnlab.benchreport import BenchOptions, format_table, write_report
 
     rows = tuple(args.rows.split(","))
     unknown = set(rows) - set(BenchOptions.rows)
@@ -237,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
         cmp.add_argument(option, type=_nonnegative_float, default=default, help=f"{what} tolerance (default {default:g})")
     cmp.set_defaults(handler=_compare)
 
-    from cnnlab.bench import BenchOptions
+    from cnnlab.benchreport import BenchOptions
 
     defaults = BenchOptions()
     bench = commands.add_parser(

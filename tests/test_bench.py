@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from helpers import assert_one_line_error, cnnlab
 
-from cnnlab.bench import BenchOptions, BenchReport, Figure, format_table, ratios
+from cnnlab.benchreport import BenchOptions, BenchReport, Figure, format_table, ratios
 
 
 def test_bench_cpu_row_table_and_json(tmp_path: Path) -> None:

@@ -1,0 +1,148 @@
+"""What `cnnlab bench` measures, as types: a Figure per row with its traffic model, the options, the
+report; and how a report is shown: the table, the JSON, the plot. The measurements are bench.py's
+(the network's rows) and benchtext.py's (the rows that read CSV text).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from cnnlab.filesafety import AtomicOutput
+
+ROWS = ("cpu", "reader", "csv", "lab", "pinned", "resident", "bounds", "torch")
+GPU_ROWS = ("lab", "pinned", "resident", "bounds")
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One row of the table, with its traffic model: the bytes and FLOPs one image costs on that path."""
+
+    row: str
+    name: str
+    images_per_second: float
+    bound: str | None = None  # the key of the figure that bounds this one
+    key: str | None = None  # for the figures others are measured against: "h2d", "d2d", "loadtxt"
+    bytes_per_image: float | None = None  # bytes moved per image through what bounds the path
+    flops_per_image: float | None = None
+
+    @property
+    def bytes_per_second(self) -> float | None:
+        return None if self.bytes_per_image is None else self.images_per_second * self.bytes_per_image
+
+    @property
+    def flops_per_second(self) -> float | None:
+        return None if self.flops_per_image is None else self.images_per_second * self.flops_per_image
+
+
+@dataclass
+class BenchOptions:
+    images: int = 65536
+    cpu_images: int = 2048
+    lab_images: int = 2000
+    reader_images: int = 500
+    csv_images: int = 2000
+    repeats: int = 5
+    rows: tuple[str, ...] = ROWS
+    sweep: tuple[int, ...] = ()  # batch sizes for the plot
+    chunk_images: int | None = None  # the CUDA context's chunk and stream count; None: LaunchConfig's
+    streams: int | None = None
+
+
+@dataclass
+class Sweep:
+    """images/s against images per compute() call, for the plot: (images, images/s) pairs."""
+
+    pinned: list[tuple[int, float]] = field(default_factory=list)
+    resident: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class BenchReport:
+    """Everything one `cnnlab bench` measured, where, and why any rows did not run."""
+
+    options: BenchOptions
+    figures: list[Figure] = field(default_factory=list)
+    sweep: Sweep = field(default_factory=Sweep)
+    notes: list[str] = field(default_factory=list)
+    device: str | None = None
+    machine: str = field(default_factory=platform.machine)
+    python: str = field(default_factory=platform.python_version)
+    numpy: str = np.__version__
+
+
+def median_rate(images: int, run: Callable[[], object], repeats: int) -> float:
+    """Images per second of `run` (which handles `images` images), median of `repeats` after one warm-up."""
+    run()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return images / statistics.median(times)
+
+
+def ratios(report: BenchReport) -> list[dict[str, Any]]:
+    """Each figure as a dict, with its throughput and its ratios to its bound and to the lab scheme."""
+    keyed = {figure.key: figure for figure in report.figures if figure.key}
+    lab = next((figure.images_per_second for figure in report.figures if figure.row == "lab"), None)
+    rows = []
+    for figure in report.figures:
+        bound = keyed.get(figure.bound) if figure.bound else None
+        rows.append(
+            {
+                **asdict(figure),
+                "bytes_per_second": figure.bytes_per_second,
+                "flops_per_second": figure.flops_per_second,
+                "of_bound": figure.images_per_second / bound.images_per_second if bound else None,
+                "of_lab": figure.images_per_second / lab if lab else None,
+            }
+        )
+    return rows
+
+
+def format_table(report: BenchReport) -> str:
+    lines = [f"{'figure':<66} {'MB/s':>10} {'images/s':>14} {'of bound':>9} {'x lab':>8}"]
+    for row in ratios(report):
+        of_bound = f"{row['of_bound']:.1%}" if row["of_bound"] is not None else "-"
+        of_lab = f"{row['of_lab']:.1f}" if row["of_lab"] is not None else "-"
+        rate = f"{row['bytes_per_second'] / 1e6:,.0f}" if row["bytes_per_second"] else "-"
+        lines.append(f"{row['name'][:66]:<66} {rate:>10} {row['images_per_second']:>14,.0f} {of_bound:>9} {of_lab:>8}")
+    lines += [f"note: {note}" for note in report.notes]
+    return "\n".join(lines)
+
+
+def write_report(report: BenchReport, json_path: str | None, plot_path: str | None) -> None:
+    if json_path:
+        with AtomicOutput(json_path) as out:
+            json.dump({**asdict(report), "figures": ratios(report)}, out, indent=2)
+            out.write("\n")
+    if plot_path:
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            print("cnnlab: note: --plot needs matplotlib; no plot drawn", file=sys.stderr)
+            return
+        figure, axes = plt.subplots(figsize=(7, 4.5))
+        for row, points in asdict(report.sweep).items():
+            if points:
+                axes.plot(*zip(*points), "o-", label=f"cuda, {row}")
+        lines = [row for row in ratios(report) if row["row"] in ("lab", "bounds")]
+        for color, row in enumerate(lines, start=2):
+            axes.axhline(row["images_per_second"], color=f"C{color}", linestyle="--", linewidth=1, label=row["name"][:50])
+        axes.set(xscale="log", yscale="log", xlabel="images per compute() call", ylabel="images/s", title=report.device or "")
+        axes.legend(fontsize=7)
+        figure.tight_layout()
+        with AtomicOutput(plot_path, binary=True) as out:
+            figure.savefig(out, format="png", dpi=120)
