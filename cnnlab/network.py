@@ -20,8 +20,12 @@ import numpy as np
 #   lane     (GPU) a CUDA stream with the device buffers of one chunk.
 #   segment  (GPU) a slice of the 4000 flattened values: flattened_to_dense writes one partial dot
 #            product per segment, and the host adds them up.
-#   block    (CSV) a run of whole lines read and parsed together; a CUDA "thread block" is always
-#            called that in full.
+#   window   (CSV) a host buffer the file's bytes are read into (page-locked for the GPU); two take turns.
+#   span     (CSV) the whole lines of a window that make one batch (or one step).
+#   piece    (CSV) a span's lines cut for one parse: 16 images for a host thread, a chunk for the GPU
+#            (kernel/csv.cu and csv_gpu.py call the piece they parse a "block").
+#   share    (CSV) the bytes of a window one thread walks when a span is cut into pieces.
+#   A CUDA "thread block" is always called that in full.
 INPUT_DIM = 100  # an image is INPUT_DIM x INPUT_DIM
 FILTER_DIM = 5  # each convolution filter is FILTER_DIM x FILTER_DIM, applied at stride FILTER_DIM
 CONV_LAYER_SIZE = 10  # number of filters
