@@ -291,22 +291,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         return args.handler(args)
-    except DeviceLostError as error:
-        print(f"cnnlab: {error}", file=sys.stderr)
-        # Leave without running destructors: PyCUDA would print a warning for every object it can
-        # no longer free in the lost context, and there is nothing left to clean up (the output's
-        # temporary file is already gone).
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(2)
-    except CnnlabError as error:
-        print(f"cnnlab: {error}", file=sys.stderr)
-        return 2
-    except BaseException:
+    except BaseException as error:
         # A signal's exception can land inside the standard library's own clean-up (a lock being
         # released, say) and come out as another error: whatever ends a run that a signal stopped
         # is that signal's exit.
-        if not _received:
-            raise
-        print(f"cnnlab: {_SIGNAL_EXITS[_received[0]][1]}", file=sys.stderr)
-        return 128 + _received[0]
+        if _received:
+            print(f"cnnlab: {_SIGNAL_EXITS[_received[0]][1]}", file=sys.stderr)
+            return 128 + _received[0]
+        if isinstance(error, DeviceLostError):
+            print(f"cnnlab: {error}", file=sys.stderr)
+            # Leave without running destructors: PyCUDA would print a warning for every object it can
+            # no longer free in the lost context, and there is nothing left to clean up (the output's
+            # temporary file is already gone).
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(2)
+        if isinstance(error, CnnlabError):
+            print(f"cnnlab: {error}", file=sys.stderr)
+            return 2
+        raise

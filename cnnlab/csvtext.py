@@ -53,7 +53,7 @@ class Span:
 
     def pieces(self, rows: int) -> list[Span]:
         """The span cut into spans of `rows` non-blank lines (the last may hold fewer)."""
-        if self.cuts and self.cuts[0].rows == min(rows, self.rows):
+        if self.cuts and self.cuts[0].rows == min(rows, self.rows):  # cut by `rows` already (every piece but the last holds `every`)
             return list(self.cuts)
         return _spans(self.data, self.start, self.line_before, cut_rows(self.data[: self.end], self.start, self.rows, rows))
 
@@ -133,9 +133,13 @@ def cut_rows(data: np.ndarray, start: int, rows: int, every: int, pool: Executor
 
 
 def _cut_one_thread(data: np.ndarray, start: int, rows: int, every: int) -> list[Cut]:
-    pieces, position, left = [], start, rows
+    pieces, position, left, walked = [], start, rows, 0
     while True:
-        end, found, lines = scan_rows(data, position, min(every, left))
+        try:
+            end, found, lines = scan_rows(data, position, min(every, left))
+        except LineTooLong as error:  # numbered from `start`, as the caller counts
+            raise LineTooLong(walked + error.index) from None
+        walked += lines
         pieces.append((end, found, lines))
         position, left = end, left - found
         if not left or found < min(every, left + found):
@@ -212,7 +216,6 @@ class TextSource:
         self._memory = memory or HostMemory()
         self._pool, self._threads = pool, threads
         self._offset = 0 if pool is not None and stat.S_ISREG(os.fstat(file.fileno()).st_mode) else None  # None: read()
-        self._windows: list[np.ndarray] = []
         self._windows = [self._memory.allocate_text(READ_BYTES + MAX_LINE_BYTES) for _ in range(2)]
         self._current = 0
         self._start = self._filled = 0  # the window's bytes not yet taken are [start, filled)
@@ -224,7 +227,8 @@ class TextSource:
     def reserve(self, nbytes: int) -> None:
         """Make the window the next take() fills hold at least `nbytes`, so that a span that size needs no
         growing on the way; the other window grows to match at its turn, while the first span is in use
-        (pinning memory is slow: half of it is then done while the GPU works)."""
+        (pinning memory is slow: half of it is then done while the GPU works). The window grown here
+        holds the span before last, which is freed if it is replaced: call this before using that span."""
         self._grow(1 - self._current, nbytes)
 
     def _grow(self, index: int, nbytes: int) -> None:
@@ -263,6 +267,9 @@ class TextSource:
                 break
             if limit == self._filled:
                 self._read_more(budget)
+                # A pipe gives what it holds (~64 KB a read): gather what the rows should take before walking again.
+                while self._offset is None and budget and not self._at_end and self._filled - position < budget:
+                    self._read_more(budget - (self._filled - position))
             else:
                 self.row_bytes *= 2  # the rows were longer than those before: walk further
         merged: list[Cut] = []  # blank lines at the file's end belong to the last piece
@@ -294,9 +301,7 @@ class TextSource:
         much as the window holds, or a block); one byte of room is kept for a last line's '\\n'."""
         window = self._windows[self._current]
         room = len(window) - 1 - self._filled
-        if self._offset is None:
-            wanted = READ_BYTES
-        elif wanted is None or room >= READ_BYTES:  # what the window holds: it grows only when nearly full
+        if wanted is None or room >= READ_BYTES:  # what the window holds: it grows only when nearly full
             wanted = max(min(wanted or room, room), READ_BYTES // 8)
         if room < wanted:  # by half at least, so that a window grows a few times, not at every take
             self._grow(self._current, max(self._filled + wanted + 1, len(window) * 3 // 2))

@@ -157,13 +157,14 @@ class CsvImageReader:
         [(number, line)] = first.lines()
         _check_text(self.path, number, line)
         text = line.decode("ascii").strip()
-        if not text.isdigit() or int(text) < 1:
+        digits = text.lstrip("0")
+        if not text.isdigit() or not digits or len(digits) > 18:  # 18 digits: past any file, and int() stays quick
             raise InputFileError(
                 self.path,
                 f"the first line must hold the number of matrices, a positive integer, not {_shorten(text)!r}",
                 number,
             )
-        return int(text)
+        return int(digits)
 
     def read_into(self, out: np.ndarray) -> int:
         """Fill the leading images of `out` (shape (n, 100, 100)) with the next images; return how many."""

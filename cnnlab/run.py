@@ -115,9 +115,18 @@ class Prefetcher:
             self._empty.put((slot,))
 
     def close(self) -> None:
+        """Stop the thread and wait for it, even through a second signal: until it has stopped it may write
+        into the buffers (page-locked, for the GPU) that the caller frees next."""
         self._closed.set()
         self._empty.put(None)
-        self._thread.join()
+        interrupted: BaseException | None = None
+        while self._thread.is_alive():
+            try:
+                self._thread.join()
+            except BaseException as error:  # KeyboardInterrupt, or SIGTERM's exception
+                interrupted = interrupted or error
+        if interrupted is not None:
+            raise interrupted
 
     def __enter__(self) -> Prefetcher:
         return self

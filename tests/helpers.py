@@ -111,4 +111,5 @@ BAD_INPUTS = {
     "overflow": (_with_line(9, lambda old: _line_of(["1e400"] + ["1"] * 99)), 10, "not a finite"),
     "underscore": (_with_line(9, lambda old: _line_of(["1_0"] + ["1"] * 99)), 10, "'1_0' is not a number"),
     "very long line": (_with_line(3, lambda old: "1," * 600000), 4, "line longer than"),
+    "N of 5,000 digits": (lambda lines: ["9" * 5000] + lines[1:], 1, "positive integer"),
 }

@@ -139,3 +139,35 @@ def test_atomic_output_leaves_old_file_untouched_on_failure(tmp_path: Path) -> N
     with AtomicOutput(tmp_path / "sub" / "dir" / "new.csv") as out:
         out.write("x\n")
     assert (tmp_path / "sub" / "dir" / "new.csv").read_text() == "x\n"
+
+
+def test_a_line_too_long_is_named_past_the_first_pieces(tmp_path: Path) -> None:
+    """The reader cuts a step into pieces of 16 images: a long line in a later piece keeps its own number."""
+    row = "1," * 99 + "1\n"
+    path = tmp_path / "in.csv"
+    path.write_text("20\n" + row * 1699 + "9" * (2 << 20) + "\n" + row * 301)
+    with CsvImageReader(path, 1) as reader, pytest.raises(InputFileError, match=r"in.csv:1701: line longer than"):
+        reader.read_into(np.empty((20, 100, 100)))
+
+
+def test_a_pipe_reads_as_the_file_does(tmp_path: Path, rng: np.random.Generator) -> None:
+    """Through a FIFO, written a few KB at a time, the reader gives the same images as from the file."""
+    import os
+    import threading
+
+    _, input_path = write_files(tmp_path, random_cnn(rng), random_values(rng, 40, 100, 100))
+    text = input_path.read_bytes()
+    fifo = tmp_path / "fifo.csv"
+    os.mkfifo(fifo)
+
+    def feed() -> None:
+        with open(fifo, "wb") as writer:
+            for start in range(0, len(text), 5000):
+                writer.write(text[start : start + 5000])
+
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    try:
+        assert read_all_images(fifo, batch=7).tobytes() == read_all_images(input_path, batch=7).tobytes()
+    finally:
+        feeder.join()
