@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import TIMING_LINE, assert_one_line_error, cnnlab, random_cnn, write_files
+from helpers import SUBPROCESS_ENV, TIMING_LINE, assert_one_line_error, cnnlab, random_cnn, write_files
 
 from cnnlab.cpu import CpuBackend
 from cnnlab.generate import random_values
@@ -156,3 +158,15 @@ def test_cuda_without_pycuda_is_a_one_line_error(tmp_path: Path) -> None:
     result = cnnlab("cuda", cwd=tmp_path)
     assert "cuda mode needs pycuda: pip install 'cnnlab[cuda]'" in assert_one_line_error(result)
     assert not (tmp_path / "out").exists()
+
+
+def test_without_the_native_parser_the_same_outputs_and_one_note(tmp_path: Path, rng: np.random.Generator) -> None:
+    """Where no C++ compiler built cnnlab._lab_csv: the same bytes out, parsed and written in Python, and one line saying why it is slow."""
+    cnn_path, input_path = write_files(tmp_path, random_cnn(rng), random_values(rng, 3, 100, 100))
+    assert cnnlab("cpu", cnn_path, input_path, tmp_path / "native.csv").returncode == 0
+    script = "import sys; sys.modules['cnnlab._lab_csv'] = None; from cnnlab.cli import main; sys.exit(main(sys.argv[1:]))"
+    command = [sys.executable, "-c", script, "cpu", str(cnn_path), str(input_path), str(tmp_path / "python.csv")]
+    result = subprocess.run(command, env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.startswith("cnnlab: note: the native CSV parser is not built") and result.stderr.count("\n") == 1
+    assert (tmp_path / "python.csv").read_bytes() == (tmp_path / "native.csv").read_bytes()
