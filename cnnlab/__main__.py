@@ -1,11 +1,52 @@
-"""`python -m cnnlab` and the `cnnlab` command: the command line (cnnlab.cli)."""
+"""`python -m cnnlab` and the `cnnlab` command: the command line (cnnlab.cli).
 
+Before anything heavy is imported: SIGINT and SIGTERM become one-line exits (cnnlab.interrupts),
+OpenBLAS is given no more threads than an address-space limit (ulimit -v) leaves room for (each
+reserves ~40 MB when numpy is imported, and OpenBLAS gives up with its own message when it cannot),
+and in cuda mode the driver starts while numpy is imported and the CNN read.
+"""
+
+import os
+import resource
+import signal
 import sys
 
+from cnnlab import interrupts
 from cnnlab.driverstart import start_driver
+
+# Measured on the 2-core machine: `import numpy` and a matrix product need 136 MB of address space with
+# one OpenBLAS thread and 175 MB with two; a run of the default data needs ~170 MB with one.
+MINIMUM_ADDRESS_SPACE = 192 << 20
+BLAS_THREAD_ADDRESS_SPACE = 48 << 20
 
 
 def main() -> int:
+    interrupts.install()
+    sys.unraisablehook = interrupts.unraisable_hook
+    try:
+        return _start()
+    except BaseException:
+        status = interrupts.exit_status()
+        if status is None:
+            raise
+        return status
+    finally:  # the run is over: a signal from here on ends the process without a word (no traceback)
+        for signum in interrupts.SIGNAL_EXITS:
+            signal.signal(signum, signal.SIG_IGN)
+
+
+def _start() -> int:
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if limit != resource.RLIM_INFINITY:
+        if limit < MINIMUM_ADDRESS_SPACE:
+            print(
+                f"cnnlab: the address-space limit of {limit >> 20} MB (ulimit -v) is below the "
+                f"{MINIMUM_ADDRESS_SPACE >> 20} MB that numpy and its BLAS need to start",
+                file=sys.stderr,
+            )
+            return 2
+        threads = 1 + (limit - MINIMUM_ADDRESS_SPACE) // BLAS_THREAD_ADDRESS_SPACE
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", str(min(threads, os.cpu_count() or 1)))
     # cuda mode: the driver starts while numpy is imported and the CNN read, before cli is even imported.
     starting = start_driver() if sys.argv[1:2] == ["cuda"] else None
     try:

@@ -1,7 +1,8 @@
 """The command line: `cnnlab cpu|cuda|generate|compare|bench`, the lab's commands and a few more.
 
 This is the only place where errors become one-line messages and exit statuses: 0 success,
-1 outputs that differ (compare), 2 bad usage or a failed run, 130/143 interrupted.
+1 outputs that differ (compare), 2 bad usage or a failed run, 130/143 interrupted (SIGINT/SIGTERM),
+141 standard output closed early (as a Unix tool killed by SIGPIPE; quietly).
 """
 
 from __future__ import annotations
@@ -9,13 +10,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TextIO
 
-from cnnlab.errors import CnnlabError, DeviceLostError, UsageError
-from cnnlab.filesafety import AtomicOutput, refuse_same_file
+from cnnlab import interrupts
+from cnnlab.errors import STANDARD_STREAM, CnnlabError, DeviceLostError, OutputFileError, ResourceError, UsageError
+from cnnlab.filesafety import AtomicOutput, output_target, refuse_same_file
 from cnnlab.labcsv import read_cnn
 from cnnlab.network import Backend, Cnn
 from cnnlab.resources import resource_dir
@@ -38,6 +43,16 @@ def _positive_int(text: str) -> int:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, not {text!r}")
+    return value
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, not {text!r}")
     return value
 
 
@@ -79,15 +94,21 @@ def _run(args: argparse.Namespace) -> int:
     if len(files) != 3:
         raise UsageError(f"{args.mode} takes CNN_FILE INPUT_FILE OUTPUT_FILE, or no files for the default data")
     cnn_path, input_path, output_path = files
-    refuse_same_file(output_path, cnn_path, input_path)
+    refuse_same_file(output_path, {"input file": input_path, "CNN file": cnn_path})
+    output_target(output_path)  # a folder that cannot take the output is found before the run, not after it
     if args.timing_json:
-        refuse_same_file(args.timing_json, cnn_path, input_path, output_path)
+        if STANDARD_STREAM == args.timing_json == output_path:
+            raise UsageError("the output and --timing-json cannot both be standard output (-)")
+        refuse_same_file(args.timing_json, {"input file": input_path, "CNN file": cnn_path, "output file": output_path})
+        output_target(args.timing_json)
     cnn = read_cnn(cnn_path)
     with make_backend(args.mode, cnn, args.batch, args.host_parse) as backend:
+        interrupts.raise_if_received()  # the backend's modules were imported just now
         stats = run_network(backend, input_path, output_path, read_ahead=args.read_ahead)
         device = backend.device
     _warn_trailing(input_path, stats.images, stats.trailing_data_line)
-    print(f"{stats.work_microseconds} microseconds of actual work done")
+    # With the outputs on standard output, the lab's line goes to stderr, so that the outputs stay a clean file.
+    _say(f"{stats.work_microseconds} microseconds of actual work done", sys.stderr if output_path == STANDARD_STREAM else sys.stdout)
     if args.timing_json:
         figures = {
             "mode": args.mode,
@@ -110,7 +131,9 @@ def _run(args: argparse.Namespace) -> int:
 def _convert(args: argparse.Namespace) -> int:
     from cnnlab.convert import convert
 
-    refuse_same_file(args.output, args.input)
+    if args.input == STANDARD_STREAM:
+        raise UsageError("convert reads its input twice (first to see what it holds), so it cannot read standard input (-)")
+    refuse_same_file(args.output, {"input file": args.input})
     result = convert(args.input, args.output)
     _warn_trailing(args.input, result.rows, result.trailing_data_line)
     print(f"cnnlab: wrote {args.output} ({result.rows} {'images' if result.kind == 'input' else 'lines'})", file=sys.stderr)
@@ -132,7 +155,7 @@ def _compare(args: argparse.Namespace) -> int:
     if not result.matches:
         print(f"cnnlab: {result.problem}", file=sys.stderr)
         return 1
-    print(
+    _say(
         f"Comparison finished: {result.lines} lines, {result.values} values close "
         f"(largest difference {result.max_abs_diff:.3g} absolute, {result.max_rel_diff:.3g} relative)"
     )
@@ -161,7 +184,7 @@ def _bench(args: argparse.Namespace) -> int:
         args.streams,
     )
     report = run_bench(options, args.seed)
-    print(format_table(report))
+    _say(format_table(report))
     write_report(report, args.json, args.plot)
     return 0
 
@@ -208,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write cnn.csv and in.csv in the lab's layout, values uniform in [-10, 10].",
     )
     gen.add_argument("--images", type=_positive_int, default=DEFAULT_IMAGES, help=f"images in in.csv (default {DEFAULT_IMAGES})")
-    gen.add_argument("--seed", type=int, help="random seed: the same seed gives the same files")
+    gen.add_argument("--seed", type=_seed, help="random seed, a non-negative integer: the same seed gives the same files")
     gen.add_argument("--out-dir", default="input", help="folder for cnn.csv and in.csv (default input/)")
     gen.set_defaults(handler=_generate)
 
@@ -261,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
         bench.add_argument(option, type=_positive_int, default=default, help=f"{what} (default {default})")
     all_rows = ",".join(defaults.rows)
     bench.add_argument("--rows", default=all_rows, help=f"comma-separated rows to run (default all: {all_rows})")
-    bench.add_argument("--seed", type=int, help="random seed for the data")
+    bench.add_argument("--seed", type=_seed, help="random seed for the data, a non-negative integer")
     bench.add_argument("--chunk-images", type=_positive_int, help="images per chunk on the GPU (default: the backend's)")
     bench.add_argument("--streams", type=_positive_int, help="CUDA streams (default: the backend's)")
     bench.add_argument("--json", metavar="PATH", help="write every number, the device and versions as JSON")
@@ -270,43 +293,74 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class _Terminated(BaseException):
-    """SIGTERM, raised like KeyboardInterrupt so that temporary outputs are removed on the way out."""
-
-
-# Each signal the run stops for: what its handler raises, and the word the one-line message uses.
-_SIGNAL_EXITS = {signal.SIGINT: (KeyboardInterrupt, "interrupted"), signal.SIGTERM: (_Terminated, "terminated")}
-_received: list[int] = []  # the signals that arrived during this main() call
-
-
-def _on_signal(signum: int, frame: object) -> None:
-    _received.append(signum)
-    raise _SIGNAL_EXITS[signum][0]
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    _received.clear()
-    for signum in _SIGNAL_EXITS:  # SIGINT too, even where the parent shell ignored it
-        signal.signal(signum, _on_signal)
+    interrupts.install()
     try:
         args = build_parser().parse_args(argv)
-        return args.handler(args)
-    except BaseException as error:
-        # A signal's exception can land inside the standard library's own clean-up (a lock being
-        # released, say) and come out as another error: whatever ends a run that a signal stopped
-        # is that signal's exit.
-        if _received:
-            print(f"cnnlab: {_SIGNAL_EXITS[_received[0]][1]}", file=sys.stderr)
-            return 128 + _received[0]
-        if isinstance(error, DeviceLostError):
-            print(f"cnnlab: {error}", file=sys.stderr)
-            # Leave without running destructors: PyCUDA would print a warning for every object it can
-            # no longer free in the lost context, and there is nothing left to clean up (the output's
-            # temporary file is already gone).
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(2)
-        if isinstance(error, CnnlabError):
-            print(f"cnnlab: {error}", file=sys.stderr)
-            return 2
+        interrupts.raise_if_received()  # a signal swallowed while the modules were imported still stops the run
+        status = args.handler(args)
+        _flush_stdout()
+        return status
+    except SystemExit:  # --help: printed, and flushed here, where a fault of standard output is still ours to report
+        try:
+            _flush_stdout()
+        except BaseException as error:
+            return _ended_by(error)
         raise
+    except BaseException as error:
+        return _ended_by(error)
+
+
+@contextmanager
+def _standard_output_faults() -> Iterator[None]:
+    """A fault of standard output (a full /dev/full, say) is an OutputFileError like any output's; a closed
+    pipe stays a BrokenPipeError, which ends the run quietly."""
+    try:
+        yield
+    except BrokenPipeError:
+        raise
+    except OSError as error:
+        raise OutputFileError(f"<stdout>: cannot write: {error.strerror or error}") from None
+
+
+def _say(text: str, stream: TextIO | None = None) -> None:
+    """Print a result line (to standard output unless told otherwise)."""
+    with _standard_output_faults():
+        print(text, file=stream or sys.stdout)
+
+
+def _flush_stdout() -> None:
+    with _standard_output_faults():
+        sys.stdout.flush()
+
+
+def _ended_by(error: BaseException) -> int:
+    """The exit status of a run that `error` ended, its one line printed; a bug is raised again, traceback and all."""
+    signal_status = interrupts.exit_status()
+    if signal_status is not None:
+        return signal_status
+    if isinstance(error, BrokenPipeError):
+        # The reader of standard output (or of a FIFO output) went away: end quietly, as `yes | head -1`'s yes
+        # does, and point stdout at /dev/null so that the interpreter's last flush finds nothing to fail on.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+    if isinstance(error, MemoryError):
+        error = ResourceError(f"out of memory{_memory_limit_note()}: try a smaller --batch, or a machine with more memory")
+    elif isinstance(error, RuntimeError) and str(error) == "can't start new thread":  # threading's words for ENOMEM/EAGAIN
+        error = ResourceError(f"cannot start a thread{_memory_limit_note()}")
+    if not isinstance(error, CnnlabError):
+        raise error
+    print(f"cnnlab: {error}", file=sys.stderr)
+    if isinstance(error, DeviceLostError):
+        # Leave without running destructors: PyCUDA would print a warning for every object it can
+        # no longer free in the lost context, and there is nothing left to clean up (the output's
+        # temporary file is already gone).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(2)
+    return 2
+
+
+def _memory_limit_note() -> str:
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    return "" if limit == resource.RLIM_INFINITY else f" under the address-space limit of {limit >> 20} MB (ulimit -v)"

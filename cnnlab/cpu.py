@@ -89,7 +89,10 @@ class CpuBackend:
         scratch = by_size.get(len(images))
         if scratch is None:
             scratch = by_size[len(images)] = Scratch(len(images))
-        forward(images, self._filters_by_tap, self._weights_by_input, out, scratch)
+        # Values near 1e308 overflow to inf (and inf - inf to nan) as they do on the GPU; the run reports the
+        # first image whose outputs are not finite, in one line, rather than numpy warning here.
+        with np.errstate(over="ignore", invalid="ignore"):  # per thread: this is the pool's thread
+            forward(images, self._filters_by_tap, self._weights_by_input, out, scratch)
 
     def compute(self, batch: ImageBatch) -> OutputBatch:
         images = batch.images

@@ -4,6 +4,14 @@ from __future__ import annotations
 
 import os
 
+STANDARD_STREAM = "-"  # as a file name: standard input, or standard output for an output
+
+
+def shown(path: str | os.PathLike) -> str:
+    """An output path as messages name it: `-` is standard output."""
+    path = os.fspath(path)
+    return "<stdout>" if path == STANDARD_STREAM else path
+
 
 class CnnlabError(Exception):
     """Any failure cnnlab reports to its user as one line."""
@@ -20,12 +28,17 @@ class InputFileError(CnnlabError):
         self.path = os.fspath(path)
         self.line = line
         self.message = message
-        where = self.path if line is None else f"{self.path}:{line}"
+        where = "<stdin>" if self.path == STANDARD_STREAM else self.path
+        where = where if line is None else f"{where}:{line}"
         super().__init__(f"{where}: {message}")
 
 
 class OutputFileError(CnnlabError):
     """An output that cannot be written where it was asked for."""
+
+
+class ResourceError(CnnlabError):
+    """The machine cannot give a run what it needs: memory, under its limits."""
 
 
 class DeviceError(CnnlabError):

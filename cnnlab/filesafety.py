@@ -1,23 +1,44 @@
 """File safety, for every format: opening inputs with one-line errors, refusing to write over an
-input, and outputs that appear only whole (written beside the target, renamed on success)."""
+input, and outputs that appear only whole.
+
+Where an output goes depends on what its path names (`output_target`):
+  a regular file, or nothing yet   written beside it under a temporary name, renamed onto it on success;
+  a symbolic link                  the same, beside the file the link leads to: the link stays a link,
+                                   and a dangling link's target is created;
+  a FIFO, a device, /dev/stdout    written to directly: such a node cannot be replaced, and must never be
+                                   (cnnlab cpu ... /dev/null, as root, would otherwise replace /dev/null);
+  `-`                              standard output, directly.
+A direct output cannot be taken back: a run that fails half-way has already written what it wrote.
+"""
 
 from __future__ import annotations
 
+import enum
 import os
+import signal
+import stat
+import sys
 import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, BinaryIO
 
-from cnnlab.errors import InputFileError, OutputFileError
+from cnnlab.errors import STANDARD_STREAM, InputFileError, OutputFileError, shown
 
 # mkstemp makes files only the owner can read; outputs get the usual mode (0666 less the umask).
 _UMASK = os.umask(0)
 os.umask(_UMASK)
+_TEMPORARY_SUFFIX = ".tmp"
+_RANDOM_CHARACTERS = 8  # what mkstemp puts between the prefix and the suffix
 
 
 def open_for_reading(path: str | os.PathLike) -> BinaryIO:
-    """Open `path` in binary mode, turning the OS's refusal into an InputFileError."""
+    """Open `path` (`-`: standard input) in binary mode, turning the OS's refusal into an InputFileError."""
     try:
+        if os.fspath(path) == STANDARD_STREAM:
+            return os.fdopen(os.dup(sys.stdin.fileno()), "rb")  # its own descriptor: closing it leaves stdin open
         return open(path, "rb")
     except FileNotFoundError:
         raise InputFileError(path, "no such file") from None
@@ -27,51 +48,211 @@ def open_for_reading(path: str | os.PathLike) -> BinaryIO:
         raise InputFileError(path, error.strerror or str(error)) from None
 
 
-def refuse_same_file(output: str | os.PathLike, *inputs: str | os.PathLike) -> None:
-    """Raise an OutputFileError if `output` is one of `inputs` under another name (or the same)."""
-    for input_path in inputs:
-        try:
-            same = os.path.samefile(output, input_path)
-        except OSError:  # one of them does not exist (yet): they cannot be the same file
+class Placement(enum.Enum):
+    """How an output reaches its target."""
+
+    REPLACE = "written beside the target and renamed onto it"
+    DIRECT = "written to the target itself"
+
+
+@dataclass(frozen=True)
+class OutputTarget:
+    """Where an output path leads: `target` is the file written (a link's target), `path` what was asked for."""
+
+    path: str
+    target: str
+    placement: Placement
+
+    def fail(self, what: str, error: OSError | None = None) -> OutputFileError:
+        reason = f": {error.strerror or error}" if error is not None else ""
+        return OutputFileError(f"{shown(self.path)}: {what}{reason}")
+
+
+def output_target(path: str | os.PathLike) -> OutputTarget:
+    """Where `path` leads, checked before anything is written: a folder that can take the file, a name the
+    file system allows, and no directory in the way. Creates nothing."""
+    path = os.fspath(path)
+    if path == STANDARD_STREAM:
+        return OutputTarget(path, path, Placement.DIRECT)
+    try:
+        status = os.stat(path)  # through any links, /dev/stdout's magic one included
+    except FileNotFoundError:
+        status = None
+    except OSError as error:  # a loop of links, a file where a folder should be, ...
+        raise OutputFileError(f"{path}: cannot write here: {error.strerror or error}") from None
+    if status is not None and stat.S_ISDIR(status.st_mode):
+        raise OutputFileError(f"{path}: is a directory, not a file")
+    # /proc's links (/dev/stdout, /dev/fd/N) lead to open files, pipes and terminals: they are written through.
+    target = os.path.realpath(path)
+    if status is not None and (not stat.S_ISREG(status.st_mode) or target.startswith("/proc/")):
+        return OutputTarget(path, path, Placement.DIRECT)
+    _check_folder(path, target)
+    return OutputTarget(path, target, Placement.REPLACE)
+
+
+def _check_folder(path: str, target: str) -> None:
+    """The target's nearest existing folder must be a folder this process can write to, and its name short enough."""
+    folder = os.path.dirname(target)
+    while not os.path.lexists(folder):
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        raise OutputFileError(f"{path}: cannot write here: {folder} is not a directory")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OutputFileError(f"{path}: cannot write here: {folder} is not writable")
+    name_bytes, limit = len(os.fsencode(os.path.basename(target))), _name_limit(folder)
+    if name_bytes > limit:
+        raise OutputFileError(f"{path}: file name too long ({name_bytes} bytes; this file system allows {limit})")
+
+
+def _name_limit(folder: str) -> int:
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
+
+
+def _temporary_prefix(name: str, limit: int) -> str:
+    """`.name.`, shortened so that mkstemp's name (prefix, random characters, suffix) fits the file system."""
+    room = limit - _RANDOM_CHARACTERS - len(_TEMPORARY_SUFFIX) - 2
+    while len(os.fsencode(name)) > room:
+        name = name[:-1]
+    return f".{name}."
+
+
+def refuse_same_file(output: str | os.PathLike, others: Mapping[str, str | os.PathLike]) -> None:
+    """Raise an OutputFileError if `output` is one of `others` (by role: "input file", ...): the same file
+    under another name, or the same path once links are followed, whether or not it exists yet."""
+    if os.fspath(output) == STANDARD_STREAM:
+        return
+    for role, other in others.items():
+        if os.fspath(other) == STANDARD_STREAM:
             continue
+        try:
+            same = os.path.samefile(output, other)
+        except OSError:  # one of them does not exist (yet)
+            same = os.path.realpath(output) == os.path.realpath(other)
         if same:
-            raise OutputFileError(f"{output}: is the input file {input_path}; refusing to write over it")
+            raise OutputFileError(f"{output}: is the {role} {other}; refusing to write over it")
+
+
+class _GuardedStream:
+    """A file whose write errors are OutputFileErrors naming the output (a full disk, a file-size limit).
+    A closed pipe stays a BrokenPipeError: the command line ends quietly on it, as Unix tools do."""
+
+    def __init__(self, file: IO[Any], target: OutputTarget) -> None:
+        self._file = file
+        self._target = target
+
+    def write(self, data: Any) -> int:
+        try:
+            return self._file.write(data)
+        except BrokenPipeError:
+            raise
+        except OSError as error:
+            raise self._target.fail("cannot write", error) from None
 
 
 class AtomicOutput:
-    """A file written beside `path` under a temporary name and renamed onto it only on success.
+    """An output file that appears only whole (see the module's docstring for links, devices and `-`).
 
     A failure or interruption inside the `with` block removes the temporary file and leaves any
-    existing file at `path` untouched.
+    existing file at the target untouched.
     """
 
     def __init__(self, path: str | os.PathLike, binary: bool = False) -> None:
-        self.path = Path(path)
+        self.path = path
         self._binary = binary
         self._file: IO[Any] | None = None
+        self._temporary: str | None = None
 
-    def __enter__(self) -> IO[Any]:
-        if self.path.is_dir():
-            raise OutputFileError(f"{self.path}: is a directory, not a file")
+    def open(self) -> _GuardedStream:
+        target = self._target = output_target(self.path)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            descriptor, temporary = tempfile.mkstemp(
-                prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent
-            )
+            if target.path == STANDARD_STREAM:
+                sys.stdout.flush()  # what was printed before comes first
+                descriptor = os.dup(sys.stdout.fileno())
+            elif target.placement is Placement.DIRECT:
+                descriptor = os.open(target.target, os.O_WRONLY | os.O_CLOEXEC)  # never created: it exists
+            else:
+                folder = Path(target.target).parent
+                folder.mkdir(parents=True, exist_ok=True)
+                prefix = _temporary_prefix(os.path.basename(target.target), _name_limit(str(folder)))
+                descriptor, self._temporary = tempfile.mkstemp(prefix=prefix, suffix=_TEMPORARY_SUFFIX, dir=folder)
+                os.chmod(descriptor, 0o666 & ~_UMASK)
         except OSError as error:
-            raise OutputFileError(f"{self.path}: cannot write here: {error.strerror or error}") from None
-        os.chmod(descriptor, 0o666 & ~_UMASK)
-        self._temporary = Path(temporary)
+            raise target.fail("cannot write here", error) from None
         self._file = os.fdopen(descriptor, "wb") if self._binary else os.fdopen(descriptor, "w", newline="\n")
-        return self._file
+        return _GuardedStream(self._file, target)
 
-    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+    def finish(self) -> None:
+        """Flush and close the file: where a full disk or a file-size limit shows itself last."""
         assert self._file is not None
         try:
             self._file.close()
-            if exc_type is None:
-                os.replace(self._temporary, self.path)
+        except BrokenPipeError:
+            raise
         except OSError as error:
-            raise OutputFileError(f"{self.path}: cannot write: {error.strerror or error}") from None
+            raise self._target.fail("cannot write", error) from None
+
+    def place(self) -> None:
+        """Rename the finished file onto its target (nothing to do for a direct output)."""
+        if self._temporary is not None:
+            try:
+                os.replace(self._temporary, self._target.target)
+            except OSError as error:
+                raise self._target.fail("cannot write", error) from None
+            self._temporary = None
+
+    def commit(self) -> None:
+        try:
+            self.finish()
+            self.place()
         finally:
-            self._temporary.unlink(missing_ok=True)
+            self.discard()
+
+    def discard(self) -> None:
+        """Close the file (what its buffer holds may be lost: the run failed) and remove the temporary file."""
+        if self._file is not None:
+            try:
+                self._file.close()
+            except OSError:
+                pass
+        if self._temporary is not None:
+            Path(self._temporary).unlink(missing_ok=True)
+            self._temporary = None
+
+    def __enter__(self) -> _GuardedStream:
+        return self.open()
+
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.discard()
+
+
+@contextmanager
+def written_together(*outputs: AtomicOutput) -> Iterator[list[_GuardedStream]]:
+    """Several outputs that appear together or not at all: renamed one after another with SIGINT and
+    SIGTERM held back, so that no interrupt lands between two renames."""
+    streams: list[_GuardedStream] = []
+    try:
+        for output in outputs:
+            streams.append(output.open())
+        yield streams
+    except BaseException:
+        for output in outputs:
+            output.discard()
+        raise
+    try:
+        for output in outputs:
+            output.finish()
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            for output in outputs:
+                output.place()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    finally:
+        for output in outputs:
+            output.discard()

@@ -18,6 +18,7 @@ class ImageReader(Protocol):
     """An input file read a batch at a time: CSV or .npy."""
 
     count: int  # N, the images the file announces
+    capacity: int  # the most images the file's size leaves room for (N where it cannot be known): buffers need no more
     images_read: int
     step: int  # images per read_into() call that keep a read both efficient and quick to stop
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from cnnlab.filesafety import AtomicOutput
-from cnnlab.labcsv import format_rows, write_input_file
+from cnnlab.filesafety import AtomicOutput, written_together
+from cnnlab.labcsv import format_rows, write_images
 from cnnlab.network import CONV_LAYER_SIZE, FILTER_DIM, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM
 
 VALUE_BOUND = 10.0
@@ -25,24 +26,30 @@ def random_values(rng: np.random.Generator, *shape: int) -> np.ndarray:
     return rng.uniform(-VALUE_BOUND, VALUE_BOUND, shape)
 
 
+def write_cnn(out: Any, filters: np.ndarray, weights: np.ndarray) -> None:
+    """Write a CNN file's text to the stream `out`: 10 lines of 25 filter values, a blank line, 10 lines of 4000 weights."""
+    out.write(format_rows(filters.reshape(CONV_LAYER_SIZE, FILTER_DIM * FILTER_DIM)))
+    out.write("\n")
+    out.write(format_rows(weights.reshape(OUT_LAYER_SIZE, OUT_NEURON_DIM)))
+
+
 def write_cnn_file(path: str | os.PathLike, filters: np.ndarray, weights: np.ndarray) -> None:
-    """Write a CNN file: 10 lines of 25 filter values, a blank line, 10 lines of 4000 weights."""
+    """Write a CNN file."""
     with AtomicOutput(path) as out:
-        out.write(format_rows(filters.reshape(CONV_LAYER_SIZE, FILTER_DIM * FILTER_DIM)))
-        out.write("\n")
-        out.write(format_rows(weights.reshape(OUT_LAYER_SIZE, OUT_NEURON_DIM)))
+        write_cnn(out, filters, weights)
 
 
 def generate(out_dir: str | os.PathLike, images: int, seed: int | None) -> tuple[Path, Path]:
-    """Write out_dir/cnn.csv and out_dir/in.csv; the same seed gives the same files."""
+    """Write out_dir/cnn.csv and out_dir/in.csv, both or neither; the same seed gives the same files."""
     rng = np.random.default_rng(seed)
     cnn_path, input_path = Path(out_dir) / "cnn.csv", Path(out_dir) / "in.csv"
-    write_cnn_file(
-        cnn_path,
-        random_values(rng, CONV_LAYER_SIZE, FILTER_DIM, FILTER_DIM),
-        random_values(rng, OUT_LAYER_SIZE, OUT_NEURON_DIM),
-    )
-    chunks = (random_values(rng, min(_IMAGES_PER_WRITE, images - start), INPUT_DIM, INPUT_DIM)
-              for start in range(0, images, _IMAGES_PER_WRITE))
-    write_input_file(input_path, images, (image for chunk in chunks for image in chunk))
+    with written_together(AtomicOutput(cnn_path), AtomicOutput(input_path)) as (cnn_out, input_out):
+        write_cnn(
+            cnn_out,
+            random_values(rng, CONV_LAYER_SIZE, FILTER_DIM, FILTER_DIM),
+            random_values(rng, OUT_LAYER_SIZE, OUT_NEURON_DIM),
+        )
+        chunks = (random_values(rng, min(_IMAGES_PER_WRITE, images - start), INPUT_DIM, INPUT_DIM)
+                  for start in range(0, images, _IMAGES_PER_WRITE))
+        write_images(input_out, images, (image for chunk in chunks for image in chunk))
     return cnn_path, input_path

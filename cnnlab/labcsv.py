@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -24,10 +26,13 @@ from cnnlab.network import (
     OUT_NEURON_DIM,
     Cnn,
     OutputBatch,
+    unsized_capacity,
 )
 
 # Images per parse task: a block of ~3 MB of text, large enough to amortise a task, small enough to spread.
 PARSE_IMAGES = 16
+# The fewest bytes an image's text can take: 100 lines of 100 one-character values, 99 commas and a newline.
+MIN_IMAGE_BYTES = INPUT_DIM * (2 * INPUT_DIM)
 
 _NOT_TEXT = re.compile(rb"[^\t\x20-\x7e]")  # anything but printable ASCII and tabs
 
@@ -142,7 +147,10 @@ class CsvImageReader:
         try:
             self._source = TextSource(path, self._file, memory, self._pool, threads)
             self.count = self._read_count()
-            self._source.row_bytes = os.fstat(self._file.fileno()).st_size / (self.count * INPUT_DIM)  # the first guess
+            status = os.fstat(self._file.fileno())
+            self._source.row_bytes = status.st_size / (self.count * INPUT_DIM)  # the first guess
+            regular = stat.S_ISREG(status.st_mode)
+            self.capacity = min(self.count, status.st_size // MIN_IMAGE_BYTES + 1) if regular else unsized_capacity(self.count)
         except BaseException:
             self.close()
             raise
@@ -157,8 +165,8 @@ class CsvImageReader:
         [(number, line)] = first.lines()
         _check_text(self.path, number, line)
         text = line.decode("ascii").strip()
-        digits = text.lstrip("0")
-        if not text.isdigit() or not digits or len(digits) > 18:  # 18 digits: past any file, and int() stays quick
+        digits = _count_digits(text).lstrip("0")
+        if not digits.isdigit() or len(digits) > 18:  # 18 digits: past any file, and int() stays quick
             raise InputFileError(
                 self.path,
                 f"the first line must hold the number of matrices, a positive integer, not {_shorten(text)!r}",
@@ -252,13 +260,18 @@ class CsvOutputWriter:
         self._output.__exit__(*exc_info)
 
 
+def write_images(out: Any, count: int, images: Iterable[np.ndarray]) -> None:
+    """Write an input file's text to the stream `out`: the count, then the `count` (100, 100) images `images` yields."""
+    out.write(f"{count}\n")
+    for image in images:
+        out.write(format_rows(image))
+        out.write("\n")
+
+
 def write_input_file(path: str | os.PathLike, count: int, images: Iterable[np.ndarray]) -> None:
     """Write an input file of the `count` (100, 100) images that `images` yields."""
     with AtomicOutput(path) as out:
-        out.write(f"{count}\n")
-        for image in images:
-            out.write(format_rows(image))
-            out.write("\n")
+        write_images(out, count, images)
 
 
 def read_output_rows(path: str | os.PathLike) -> list[list[float]]:
@@ -278,4 +291,9 @@ def starts_with_count(path: str | os.PathLike) -> bool:
     """Whether the file's first non-blank line is a lone count, as an input file's first line is."""
     with open_for_reading(path) as file:
         first = TextSource(path, file).take(1)
-    return first.rows == 1 and first.lines()[0][1].strip().isdigit()
+    return first.rows == 1 and _count_digits(first.lines()[0][1].decode("ascii", "replace").strip()).isdigit()
+
+
+def _count_digits(text: str) -> str:
+    """The digits of N as the lab's Rust reader (`usize::from_str`) took them: a leading '+' allowed."""
+    return text[1:] if text.startswith("+") else text

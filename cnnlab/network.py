@@ -6,6 +6,7 @@ can trust what they are handed.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -35,6 +36,16 @@ OUT_LAYER_SIZE = 10  # number of output neurons
 IMAGE_BYTES = INPUT_DIM * INPUT_DIM * 8  # 80,000 bytes of float64 per image
 # Floating-point operations per image: a multiply and an add per convolution tap and per weight.
 FLOPS_PER_IMAGE = 2 * (CONV_LAYER_SIZE * CONV_OUT_DIM * CONV_OUT_DIM * FILTER_DIM * FILTER_DIM + OUT_LAYER_SIZE * OUT_NEURON_DIM)
+
+
+def unsized_capacity(count: int) -> int:
+    """The images to buffer at most for an input whose size cannot be known in advance (a pipe): N, but no more
+    than a quarter of the machine's memory holds, so that a huge N and --batch are a slower run, not a failed one."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (OSError, ValueError):
+        return count
+    return max(1, min(count, memory // (4 * IMAGE_BYTES)))
 
 
 def _checked(name: str, array: np.ndarray, shape: tuple[int | None, ...]) -> np.ndarray:

@@ -1,25 +1,34 @@
 """Binary files for large runs: numpy's .npy format, (N, 100, 100) images in and (N, 10) outputs out.
 
-Inputs are memory-mapped one batch at a time and copied by several threads (numpy releases the
-GIL while it copies), so a file in the page cache moves at memory speed and the process maps no
-more than a batch of it at once. Outputs are streamed after a header that already holds N.
+Inputs are read a batch at a time straight into the batch's buffer, with one os.preadv per core
+(it releases the GIL), so a file in the page cache moves at memory speed in one copy; a pipe or a
+FIFO is read in order. A read that comes up short (a file truncated while it is read) is an error
+naming the file, never a crash: nothing is memory-mapped. The header is checked before anything
+else: numpy's own parser, never pickle, within numpy's 10,000-byte limit. Outputs are streamed
+after a header that already holds N.
 """
 
 from __future__ import annotations
 
-import mmap
+import io
+import math
 import os
+import stat
+import struct
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any
 
 import numpy as np
 
+from cnnlab.csvtext import READ_BYTES, read_at
 from cnnlab.errors import InputFileError
 from cnnlab.filesafety import AtomicOutput, open_for_reading
-from cnnlab.network import IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OutputBatch
+from cnnlab.network import IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OutputBatch, unsized_capacity
 
 DTYPE = np.dtype("<f8")
-COPY_IMAGES = 64  # images per copy task: 5 MB, large enough to amortise a task, small enough to spread
+MAGIC = b"\x93NUMPY"
+MAX_HEADER_BYTES = 10_000  # numpy's own limit for a header it parses safely (np.load's max_header_size)
+_HEADER_LENGTH = {1: "<H", 2: "<I", 3: "<I"}  # by the format's major version: how the header's length is stored
 
 
 def read_shape(path: str | os.PathLike) -> tuple[int, ...]:
@@ -29,27 +38,40 @@ def read_shape(path: str | os.PathLike) -> tuple[int, ...]:
 
 
 def read_header(path: str | os.PathLike, file: IO[bytes]) -> tuple[tuple[int, ...], int]:
-    """The shape of a C-ordered little-endian float64 .npy file and the offset of its data."""
+    """The shape of a C-ordered little-endian float64 .npy file and the offset of its data, read from
+    the file's start (a pipe too) and checked: the header's size and syntax, the type, the shape, and
+    for a regular file that the data is all there."""
+    preamble = file.read(len(MAGIC) + 2)
+    if len(preamble) < len(MAGIC) + 2 or not preamble.startswith(MAGIC) or preamble[-2] not in _HEADER_LENGTH:
+        raise InputFileError(path, "not a .npy file (it does not start with numpy's magic string and a known version)")
+    length_format = _HEADER_LENGTH[preamble[-2]]
+    length_bytes = file.read(struct.calcsize(length_format))
+    [length] = struct.unpack(length_format, length_bytes) if len(length_bytes) == struct.calcsize(length_format) else [-1]
+    if length > MAX_HEADER_BYTES:
+        raise InputFileError(path, f"its .npy header of {length} bytes is over the {MAX_HEADER_BYTES:,} bytes numpy reads safely")
+    header = file.read(length) if length >= 0 else b""
+    if len(header) != length:
+        raise InputFileError(path, "not a .npy file: it ends inside its header")
     try:
-        version = np.lib.format.read_magic(file)
-        reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-        shape, fortran_order, dtype = reader(file)
-    except ValueError as error:
-        raise InputFileError(path, f"not a .npy file: {error}") from None
+        shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(io.BytesIO(struct.pack("<I", length) + header))
+    except Exception:  # hostile bytes fail in numpy's parser as ValueError, SyntaxError, tokenize's TokenError, ...
+        raise InputFileError(path, "not a .npy file: its header cannot be parsed") from None
     if dtype != DTYPE or fortran_order:
         raise InputFileError(path, f"holds {dtype} in {'Fortran' if fortran_order else 'C'} order; cnnlab needs float64 in C order")
-    offset = file.tell()
-    expected = offset + DTYPE.itemsize * int(np.prod(shape))
-    size = os.fstat(file.fileno()).st_size
-    if size < expected:
-        raise InputFileError(path, f"file ends after {size} of the {expected} bytes its header announces")
+    if any(size < 0 for size in shape):
+        raise InputFileError(path, f"its header announces the shape {shape}, with a negative size")
+    offset = len(preamble) + len(length_bytes) + length
+    expected = offset + DTYPE.itemsize * math.prod(shape)  # a Python int: a shape whose size overflows 64 bits is just large
+    status = os.fstat(file.fileno())
+    if stat.S_ISREG(status.st_mode) and status.st_size < expected:
+        raise InputFileError(path, f"file ends after {status.st_size} of the {expected} bytes its header announces")
     return shape, offset
 
 
 class NpyImageReader:
-    """A (N, 100, 100) float64 .npy file, read a batch at a time through a memory map of that batch."""
+    """A (N, 100, 100) float64 .npy file, read a batch at a time into the caller's buffer."""
 
-    step = 1024  # images per read_into() call that a reader thread makes: 80 MB mapped at a time
+    step = 1024  # images per read_into() call that a reader thread makes: 80 MB
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = path
@@ -63,38 +85,36 @@ class NpyImageReader:
             raise
         self.count = shape[0]
         self.images_read = 0
-        self._pool = ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="cnnlab-npy")
+        self._threads = os.cpu_count() or 1
+        self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="cnnlab-npy")
+        self._seekable = stat.S_ISREG(os.fstat(self._file.fileno()).st_mode)
+        self.capacity = self.count if self._seekable else unsized_capacity(self.count)  # a file's size was checked against N
 
     def read_into(self, out: np.ndarray) -> int:
         """Copy the next images into the leading images of `out`; return how many."""
         count = min(len(out), self.count - self.images_read)
         if count <= 0:
             return 0
-        start = self._offset + self.images_read * IMAGE_BYTES
-        aligned = start - start % mmap.ALLOCATIONGRANULARITY
-        # The map is unmapped when the last view of it goes, as soon as the copying threads let go.
-        window = mmap.mmap(self._file.fileno(), start - aligned + count * IMAGE_BYTES, access=mmap.ACCESS_READ, offset=aligned)
-        window.madvise(mmap.MADV_SEQUENTIAL)
-        images = np.frombuffer(window, DTYPE, count * INPUT_DIM * INPUT_DIM, start - aligned)
-        self._copy(images.reshape(count, INPUT_DIM, INPUT_DIM), out[:count])
-        window.madvise(mmap.MADV_DONTNEED)  # the copied pages leave this process now, not when the map goes
+        room = memoryview(out[:count]).cast("B")
+        if self._seekable:
+            got = read_at(self._file.fileno(), room, self._offset + self.images_read * IMAGE_BYTES, self._pool, self._threads)
+        else:
+            got = 0
+            while got < len(room) and (part := self._file.readinto(room[got:])):
+                got += part
+        if got < len(room):
+            complete = self.images_read + got // IMAGE_BYTES
+            raise InputFileError(self.path, f"file ends after {complete} of the {self.count} images its header announces")
         self.images_read += count
         return count
-
-    def _copy(self, source: np.ndarray, target: np.ndarray) -> None:
-        """Copy `source` into `target`, COPY_IMAGES at a time over the pool's threads."""
-
-        def copy_part(first: int) -> None:
-            np.copyto(target[first : first + COPY_IMAGES], source[first : first + COPY_IMAGES])
-
-        list(self._pool.map(copy_part, range(0, len(source), COPY_IMAGES)))
 
     def trailing_data_line(self) -> int | None:
         """A .npy file holds exactly the images its header announces: never anything after them."""
         return None
 
     def close(self) -> None:
-        self._pool.shutdown()
+        if hasattr(self, "_pool"):
+            self._pool.shutdown()
         self._file.close()
 
     def __enter__(self) -> NpyImageReader:
@@ -139,8 +159,12 @@ def npy_output(path: str | os.PathLike, count: int) -> NpyWriter:
 def read_output_rows(path: str | os.PathLike) -> list[list[float]]:
     """A 2-D .npy file of outputs as rows of floats."""
     with open_for_reading(path) as file:
-        shape, offset = read_header(path, file)
+        shape, _ = read_header(path, file)
         if len(shape) != 2:
             raise InputFileError(path, f"holds an array of shape {shape}; outputs are (N, values per line)")
-        file.seek(offset)
-        return np.fromfile(file, DTYPE, int(np.prod(shape))).reshape(shape).tolist()
+        wanted, data = DTYPE.itemsize * math.prod(shape), bytearray()
+        while len(data) < wanted and (part := file.read(min(wanted - len(data), READ_BYTES))):  # a pipe, bit by bit
+            data += part
+        if len(data) < wanted:
+            raise InputFileError(path, f"file ends after {len(data)} of the {wanted} data bytes its header announces")
+        return np.frombuffer(data, DTYPE).reshape(shape).tolist()

@@ -20,9 +20,10 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from cnnlab.errors import InputFileError
 from cnnlab.formats import ImageReader, open_images, open_outputs
 from cnnlab.labcsv import CsvBatch, CsvImageReader
-from cnnlab.network import Backend, ImageBatch
+from cnnlab.network import Backend, ImageBatch, OutputBatch
 
 Batch = ImageBatch | CsvBatch
 
@@ -165,15 +166,15 @@ def run_network(
     text = backend.csv_text
     with open_images(input_path, backend if text else None) as reader, open_outputs(output_path, reader.count) as output:
         if text and isinstance(reader, CsvImageReader):
-            batch_size = min(text.batch_images, reader.count)
+            batch_size = min(text.batch_images, reader.count, reader.capacity)
             read: Callable[[Any, threading.Event], Batch | None] = partial(_read_text, reader, batch_size, text.chunk_images)
             buffers: list[Any] = [None] * slots
         else:
-            batch_size = min(backend.batch_size, reader.count)
+            batch_size = min(backend.batch_size, reader.count, reader.capacity)  # never buffers for images the file cannot hold
             read = partial(fill_images, reader)
             buffers = [backend.allocate_images(batch_size) for _ in range(slots)]
         progress = Progress(reader.count)
-        work_seconds, startup_seconds = 0.0, None
+        work_seconds, startup_seconds, images_done = 0.0, None, 0
         loop_start = time.perf_counter()
         try:
             with Prefetcher(read, buffers) as batches:
@@ -182,13 +183,24 @@ def run_network(
                     start = time.perf_counter()
                     outputs = backend.compute(batch)
                     work_seconds += time.perf_counter() - start
+                    _refuse_non_finite(input_path, outputs, images_done)
                     output.write(outputs)
-                    progress.update(reader.images_read)
+                    images_done += len(outputs)
+                    progress.update(images_done)
             loop_seconds = time.perf_counter() - loop_start
         finally:
             progress.finish()
         trailing = reader.trailing_data_line()
     return RunStats(reader.count, work_seconds, loop_seconds, batch_size, trailing, startup_seconds)
+
+
+def _refuse_non_finite(input_path: str | os.PathLike, outputs: OutputBatch, first_image: int) -> None:
+    """Finite inputs near 1e308 can overflow to inf or nan on the way: such outputs are refused, naming the first
+    image (counted from 1), rather than written where `compare` and `convert` could not read them back."""
+    finite = np.isfinite(outputs.values).all(axis=1)
+    if not finite.all():
+        image = first_image + int(np.argmin(finite)) + 1
+        raise InputFileError(input_path, f"the outputs of image {image} are not finite: its values overflow float64 in the network")
 
 
 def process_age() -> float | None:

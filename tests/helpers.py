@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -51,9 +52,14 @@ def write_files(tmp_path: Path, cnn: Cnn, images: np.ndarray) -> tuple[Path, Pat
     return cnn_path, input_path
 
 
-def cnnlab(*args: str | os.PathLike, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def cnnlab(
+    *args: str | os.PathLike, cwd: Path | None = None, stdin: Any = None, stdout: Any = subprocess.PIPE, preexec_fn: Any = None
+) -> subprocess.CompletedProcess[str]:
+    """`python -m cnnlab ARGS` in a subprocess, stderr (and by default stdout) captured as text."""
     return subprocess.run(
-        [sys.executable, "-m", "cnnlab", *map(str, args)], cwd=cwd, env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "cnnlab", *map(str, args)],
+        cwd=cwd, env=SUBPROCESS_ENV, stdin=stdin, stdout=stdout, stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn,
+        timeout=300,
     )
 
 

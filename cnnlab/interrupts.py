@@ -1,0 +1,57 @@
+"""SIGINT and SIGTERM as exceptions, from the process's first moments to its exit: 130 and 143.
+
+This module imports nothing heavy, so that `cnnlab.__main__` can install the handlers before numpy
+and the rest of cnnlab are imported (a signal during those imports is then a one-line exit too,
+not a traceback). Each handler raises, so that every `with` block on the way out cleans up: the
+temporary file of an output is removed, a reader thread joined.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from typing import Any
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised like KeyboardInterrupt so that temporary outputs are removed on the way out."""
+
+
+# Each signal a run stops for: what its handler raises, and the word the one-line message uses.
+SIGNAL_EXITS = {signal.SIGINT: (KeyboardInterrupt, "interrupted"), signal.SIGTERM: (Terminated, "terminated")}
+_received: list[int] = []  # the signals that arrived in this process (a process is one run)
+
+
+def _raise_for(signum: int, frame: object) -> None:
+    _received.append(signum)
+    raise SIGNAL_EXITS[signum][0]
+
+
+def install() -> None:
+    """Turn SIGINT and SIGTERM into exceptions (SIGINT too where the parent shell ignored it)."""
+    for signum in SIGNAL_EXITS:
+        signal.signal(signum, _raise_for)
+
+
+def raise_if_received() -> None:
+    """Raise again a signal's exception that was swallowed: one that landed where Python cannot raise (in a
+    callback of the import system, say) is printed as "Exception ignored" and the program goes on."""
+    if _received:
+        raise SIGNAL_EXITS[_received[0]][0]
+
+
+def unraisable_hook(unraisable: Any) -> None:
+    """sys.unraisablehook for the command line: a swallowed signal is silent here (raise_if_received raises it
+    again, and the run ends with its one line); anything else is printed as Python prints it."""
+    if not isinstance(unraisable.exc_value, tuple(exception for exception, _ in SIGNAL_EXITS.values())):
+        sys.__unraisablehook__(unraisable)
+
+
+def exit_status() -> int | None:
+    """After a run ended in an exception: 128 + the signal that stopped it, its line printed; None if
+    no signal arrived. Whatever error a signal's exception turned into on its way out (it can land
+    inside the standard library's own clean-up), a run that a signal stopped ends as that signal's exit."""
+    if not _received:
+        return None
+    print(f"cnnlab: {SIGNAL_EXITS[_received[0]][1]}", file=sys.stderr)
+    return 128 + _received[0]

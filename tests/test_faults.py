@@ -1,0 +1,343 @@
+"""Fault injection: writes that fail, outputs that are not plain files, hostile .npy headers, signals during
+start-up, memory limits and overflow. Each ends in one line and a documented status, never a traceback, a
+half-written output, a leftover temporary file or a replaced file-system node."""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import stat
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import SUBPROCESS_ENV, TIMING_LINE, assert_one_line_error, cnnlab, random_cnn, write_files
+
+from cnnlab.errors import InputFileError
+from cnnlab.generate import random_values
+from cnnlab.npy import NpyImageReader
+
+CLOSED_PIPE_STATUS = 128 + signal.SIGPIPE
+
+
+def files_in(folder: Path) -> list[str]:
+    return sorted(path.name for path in folder.iterdir())
+
+
+@pytest.fixture
+def run_files(tmp_path: Path, rng: np.random.Generator) -> tuple[Path, Path, bytes]:
+    """A CNN file, an input file of 300 fresh images, and the outputs a plain cpu run writes for them."""
+    cnn_path, input_path = write_files(tmp_path, random_cnn(rng), random_values(rng, 300, 100, 100))
+    result = cnnlab("cpu", cnn_path, input_path, tmp_path / "expected.csv")
+    assert result.returncode == 0, result.stderr
+    expected = (tmp_path / "expected.csv").read_bytes()
+    (tmp_path / "expected.csv").unlink()
+    assert expected.count(b"\n") == 300
+    return cnn_path, input_path, expected
+
+
+# Writing fails: a file-size limit (EFBIG) and a full file system (ENOSPC).
+
+
+def _file_size_limit(limit: int):
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+
+@pytest.mark.parametrize(
+    "command, output",
+    [
+        (["cpu", "{cnn}", "{input}"], "out.csv"),
+        (["cpu", "{cnn}", "{input}"], "out.npy"),
+        (["convert", "{input}"], "in.npy"),
+        (["generate", "--images", "300", "--out-dir"], "gen"),
+    ],
+)
+def test_a_file_size_limit_is_one_line_and_leaves_nothing_half_written(
+    tmp_path: Path, run_files: tuple[Path, Path, bytes], command: list[str], output: str
+) -> None:
+    cnn_path, input_path, _ = run_files
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    target = out_dir / output
+    if output != "gen":
+        target.write_text("old\n")
+    args = [part.format(cnn=cnn_path, input=input_path) for part in command] + [str(target)]
+    message = assert_one_line_error(cnnlab(*args, preexec_fn=_file_size_limit(20_000)))
+    assert "File too large" in message and str(out_dir) in message
+    if output == "gen":
+        assert files_in(target) == [], "generate writes both files or neither"
+    else:
+        assert files_in(out_dir) == [output] and target.read_text() == "old\n"
+
+
+def test_a_full_file_system_is_one_line_and_keeps_the_old_output(tmp_path: Path, run_files: tuple[Path, Path, bytes]) -> None:
+    # A 64 KB tmpfs in a private mount namespace (the outputs of 300 images take ~60 KB, plus the old file).
+    cnn_path, input_path, _ = run_files
+    mount = tmp_path / "small"
+    mount.mkdir()
+    script = (
+        f"mount -t tmpfs -o size=64k tmpfs {mount} && printf 'old\\n' > {mount}/out.csv"
+        f" && head -c 20000 /dev/urandom > {mount}/filler"
+        f" && {sys.executable} -m cnnlab cpu {cnn_path} {input_path} {mount}/out.csv;"
+        f" echo status=$? >&2; ls -a {mount} >&2; cat {mount}/out.csv >&2"
+    )
+    result = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+                            env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=120)
+    if "mount:" in result.stderr or "unshare:" in result.stderr:
+        pytest.skip(f"no private mount namespace here: {result.stderr.strip()}")
+    lines = result.stderr.splitlines()
+    assert lines[0] == f"cnnlab: {mount}/out.csv: cannot write: No space left on device", result.stderr
+    assert "status=2" in lines and sorted(lines[2:6]) == [".", "..", "filler", "out.csv"] and lines[-1] == "old"
+
+
+def test_a_full_standard_output_is_one_line(tmp_path: Path, run_files: tuple[Path, Path, bytes]) -> None:
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    cnn_path, input_path, _ = run_files
+    with open("/dev/full", "w") as full:
+        for args in (["cpu", cnn_path, input_path, tmp_path / "out.csv"], ["cpu", cnn_path, input_path, "-"]):
+            message = assert_one_line_error(cnnlab(*args, stdout=full))
+            assert message == "cnnlab: <stdout>: cannot write: No space left on device\n"
+        # The run whose outputs went to a file kept them: only the lab's timing line was lost.
+        assert (tmp_path / "out.csv").stat().st_size > 0
+
+
+def test_a_pipe_closed_early_ends_the_run_quietly(run_files: tuple[Path, Path, bytes]) -> None:
+    cnn_path, input_path, _ = run_files
+    reader, writer = os.pipe()
+    os.close(reader)  # the reader is gone before the first output: every write fails with EPIPE
+    with os.fdopen(writer, "w") as closed:
+        result = cnnlab("cpu", cnn_path, input_path, "-", stdout=closed)
+    assert (result.returncode, result.stderr) == (CLOSED_PIPE_STATUS, "")
+
+
+# Outputs that are not plain files, and standard streams.
+
+
+def test_a_symbolic_link_is_written_through_and_stays_a_link(tmp_path: Path, run_files: tuple[Path, Path, bytes]) -> None:
+    cnn_path, input_path, expected = run_files
+    (tmp_path / "target.csv").write_text("old\n")
+    (tmp_path / "link.csv").symlink_to("target.csv")
+    (tmp_path / "dangling.csv").symlink_to("made/new.csv")
+    for link in ("link.csv", "dangling.csv"):
+        result = cnnlab("cpu", cnn_path, input_path, tmp_path / link)
+        assert result.returncode == 0, result.stderr
+        assert (tmp_path / link).is_symlink() and (tmp_path / link).read_bytes() == expected
+    assert (tmp_path / "target.csv").read_bytes() == expected and (tmp_path / "made" / "new.csv").is_file()
+    assert files_in(tmp_path) == ["cnn.csv", "dangling.csv", "in.csv", "link.csv", "made", "target.csv"]
+
+
+def test_a_fifo_output_is_written_to_and_stays_a_fifo(tmp_path: Path, run_files: tuple[Path, Path, bytes]) -> None:
+    cnn_path, input_path, expected = run_files
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()))
+    reader.start()
+    result = cnnlab("cpu", cnn_path, input_path, fifo)
+    reader.join(timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert received == [expected] and stat.S_ISFIFO(fifo.stat().st_mode)
+
+
+def test_a_device_output_is_written_to_and_never_replaced(tmp_path: Path, run_files: tuple[Path, Path, bytes]) -> None:
+    # A null device of our own, made in tmp_path: the machine's /dev is never touched.
+    cnn_path, input_path, _ = run_files
+    null = tmp_path / "null"
+    try:
+        os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    except OSError as error:
+        pytest.skip(f"cannot make a device node here: {error}")
+    result = cnnlab("cpu", cnn_path, input_path, null)
+    assert result.returncode == 0, result.stderr
+    assert stat.S_ISCHR(null.stat().st_mode) and null.stat().st_rdev == os.makedev(1, 3)
+    assert files_in(tmp_path) == ["cnn.csv", "in.csv", "null"]
+
+
+def test_dash_reads_standard_input_and_writes_standard_output(tmp_path: Path, run_files: tuple[Path, Path, bytes]) -> None:
+    cnn_path, input_path, expected = run_files
+    with open(input_path) as stdin:
+        result = cnnlab("cpu", cnn_path, "-", "-", stdin=stdin)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.encode() == expected and TIMING_LINE.match(result.stderr)
+    with open(input_path) as stdin:
+        assert "convert reads its input twice" in assert_one_line_error(cnnlab("convert", "-", tmp_path / "x.npy", stdin=stdin))
+
+
+def test_names_up_to_the_file_systems_limit_work_and_longer_is_one_line(tmp_path: Path, run_files: tuple[Path, Path, bytes]) -> None:
+    cnn_path, input_path, expected = run_files
+    limit = os.pathconf(tmp_path, "PC_NAME_MAX")
+    longest = "é" * ((limit - 4) // 2) + ".csv"  # two bytes a character in UTF-8: the temporary name must fit too
+    assert len(os.fsencode(longest)) <= limit
+    result = cnnlab("cpu", cnn_path, input_path, tmp_path / longest)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / longest).read_bytes() == expected
+    too_long = "a" * (limit + 1)
+    assert "File name too long" in assert_one_line_error(cnnlab("cpu", cnn_path, input_path, tmp_path / too_long))
+    assert files_in(tmp_path) == sorted(["cnn.csv", "in.csv", longest])
+
+
+@pytest.mark.parametrize("json_is", ["the output, not yet written", "the input", "under a file"])
+def test_timing_json_is_checked_before_the_run(tmp_path: Path, run_files: tuple[Path, Path, bytes], json_is: str) -> None:
+    cnn_path, input_path, _ = run_files
+    output = tmp_path / "new" / "out.csv"
+    json_path = {"the output, not yet written": output, "the input": input_path, "under a file": input_path / "t.json"}[json_is]
+    message = assert_one_line_error(cnnlab("cpu", cnn_path, input_path, output, "--timing-json", json_path))
+    assert str(json_path) in message
+    assert files_in(tmp_path) == ["cnn.csv", "in.csv"], "nothing is created when the run cannot finish"
+
+
+# Hostile .npy files, in every command that reads them.
+
+
+def _npy(header: str, data: bytes = b"", version: int = 1) -> bytes:
+    text = header.encode("latin1")
+    body = text + b" " * (63 - (12 + len(text)) % 64) + b"\n"
+    length = struct.pack("<H", len(body)) if version == 1 else struct.pack("<I", len(body))
+    return b"\x93NUMPY" + bytes([version, 0]) + length + body + data
+
+
+def _shape(shape: str, descr: str = "<f8") -> str:
+    return f"{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}"
+
+
+HOSTILE_NPY = {
+    "byte count past 64 bits": (_npy(_shape("(18446744073709551616, 100, 100)")), "bytes its header announces"),
+    "header syntax error": (_npy(_shape("(2, 100, 100")), "header cannot be parsed"),
+    "header over 10,000 bytes": (_npy(_shape("(2, 100, 100)") + " " * 20_000, version=2), "over the 10,000 bytes"),
+    "negative size": (_npy(_shape("(-2, 100, 100)")), "negative size"),
+    "zero images": (_npy(_shape("(0, 100, 100)")), "shape (0, 100, 100)"),
+    "pickled objects": (_npy(_shape("(2, 100, 100)", "|O"), b"\x80\x04N."), "needs float64"),
+    "code in the header": (_npy("__import__('os').system('false')"), "header cannot be parsed"),
+    "truncated data": (_npy(_shape("(2, 100, 100)"), b"\x01" * 1000), "file ends after"),
+    "truncated magic": (b"\x93NUM", "not a .npy file"),
+}
+
+
+@pytest.mark.parametrize("case", HOSTILE_NPY)
+@pytest.mark.parametrize("command", ["cpu", "convert", "compare"])
+def test_hostile_npy_headers_are_one_line(tmp_path: Path, rng: np.random.Generator, case: str, command: str) -> None:
+    cnn_path, _ = write_files(tmp_path, random_cnn(rng), random_values(rng, 1, 100, 100))
+    content, expected = HOSTILE_NPY[case]
+    hostile = tmp_path / "hostile.npy"
+    hostile.write_bytes(content)
+    args = {"cpu": ["cpu", cnn_path, hostile, tmp_path / "out.csv"], "convert": ["convert", hostile, tmp_path / "out.csv"],
+            "compare": ["compare", hostile, hostile]}[command]
+    message = assert_one_line_error(cnnlab(*args))
+    assert message.startswith(f"cnnlab: {hostile}: ") and expected in message
+    assert files_in(tmp_path) == ["cnn.csv", "hostile.npy", "in.csv"]
+
+
+def test_a_npy_input_through_a_fifo_gives_the_files_outputs(tmp_path: Path, run_files: tuple[Path, Path, bytes]) -> None:
+    cnn_path, input_path, expected = run_files
+    assert cnnlab("convert", input_path, tmp_path / "in.npy").returncode == 0
+    fifo = tmp_path / "pipe.npy"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_bytes((tmp_path / "in.npy").read_bytes()))
+    writer.start()
+    result = cnnlab("cpu", cnn_path, fifo, tmp_path / "out.csv")
+    writer.join(timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "out.csv").read_bytes() == expected
+
+
+def test_a_npy_file_truncated_while_being_read_is_an_error_not_a_crash(tmp_path: Path, rng: np.random.Generator) -> None:
+    path = tmp_path / "in.npy"
+    images = random_values(rng, 8, 100, 100)
+    np.save(path, images)
+    with NpyImageReader(path) as reader:
+        first = np.empty((4, 100, 100))
+        assert reader.read_into(first) == 4 and np.array_equal(first, images[:4])
+        os.truncate(path, path.stat().st_size - 100_000)  # another process cuts the file: the reader never maps it
+        with pytest.raises(InputFileError, match="file ends after 6 of the 8 images"):
+            reader.read_into(np.empty((4, 100, 100)))
+
+
+# Signals during start-up, and memory.
+
+
+@pytest.mark.parametrize("signum, status, word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
+def test_a_signal_during_start_up_is_one_line(tmp_path: Path, rng: np.random.Generator, signum: int, status: int, word: str) -> None:
+    # From the interpreter's first moments (before cnnlab.__main__ runs, Python's own handling applies)
+    # through the imports of numpy and cnnlab to the run itself.
+    cnn_path, input_path = write_files(tmp_path, random_cnn(rng), random_values(rng, 2, 100, 100))
+    command = [sys.executable, "-m", "cnnlab", "cpu", str(cnn_path), str(input_path), str(tmp_path / "out.csv")]
+    for delay in (0.05, 0.08, 0.12, 0.16, 0.2, 0.25):
+        process = subprocess.Popen(command, env=SUBPROCESS_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(delay)
+        process.send_signal(signum)
+        stdout, stderr = process.communicate(timeout=60)
+        if process.returncode == 0:
+            continue  # the run finished first
+        assert (process.returncode, stderr) == (status, f"cnnlab: {word}\n"), f"after {delay} s"
+        assert files_in(tmp_path) == ["cnn.csv", "in.csv"]
+
+
+def test_an_interrupted_generate_leaves_both_files_or_neither(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "cnnlab", "generate", "--images", "2000", "--out-dir", str(tmp_path / "gen")]
+    process = subprocess.Popen(command, env=SUBPROCESS_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "gen").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert (process.returncode, stderr) == (130, "cnnlab: interrupted\n")
+    assert files_in(tmp_path / "gen") == []
+
+
+def test_a_huge_n_and_batch_size_buffers_by_the_file(tmp_path: Path, rng: np.random.Generator) -> None:
+    cnn_path, input_path = write_files(tmp_path, random_cnn(rng), random_values(rng, 2, 100, 100))
+    text = input_path.read_text().split("\n", 1)[1]
+    (tmp_path / "huge.csv").write_text("999999999999999999\n" + text)
+    address_space = lambda: resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))  # noqa: E731
+    for source in ("file", "pipe"):
+        args = ["cpu", cnn_path, tmp_path / "huge.csv" if source == "file" else "-", tmp_path / "out.csv", "--batch", "1000000000"]
+        with open(tmp_path / "huge.csv") as stdin:
+            result = cnnlab(*args, stdin=stdin if source == "pipe" else None, preexec_fn=address_space)
+        assert "file ends after 2 of the 999999999999999999 matrices" in assert_one_line_error(result), source
+
+
+@pytest.mark.parametrize("megabytes", [100, 180, 250, 400])
+def test_a_low_memory_limit_is_a_result_or_one_line(tmp_path: Path, rng: np.random.Generator, megabytes: int) -> None:
+    cnn_path, input_path = write_files(tmp_path, random_cnn(rng), random_values(rng, 4, 100, 100))
+    limit = megabytes << 20
+    result = cnnlab("cpu", cnn_path, input_path, tmp_path / "out.csv",
+                    preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+    if result.returncode == 0:
+        assert TIMING_LINE.match(result.stdout) and (tmp_path / "out.csv").read_text().count("\n") == 4
+    else:
+        assert f"address-space limit of {megabytes} MB (ulimit -v)" in assert_one_line_error(result)
+
+
+# Values.
+
+
+def test_outputs_that_overflow_are_refused_naming_the_image(tmp_path: Path, rng: np.random.Generator) -> None:
+    images = random_values(rng, 3, 100, 100)
+    images[1] *= 1e306  # finite inputs whose products overflow
+    cnn_path, input_path = write_files(tmp_path, random_cnn(rng), images)
+    message = assert_one_line_error(cnnlab("cpu", cnn_path, input_path, tmp_path / "out.csv"))
+    assert message == f"cnnlab: {input_path}: the outputs of image 2 are not finite: its values overflow float64 in the network\n"
+    assert files_in(tmp_path) == ["cnn.csv", "in.csv"]
+
+
+def test_n_with_a_plus_sign_is_accepted_as_rusts_usize_parser_did(tmp_path: Path, run_files: tuple[Path, Path, bytes]) -> None:
+    cnn_path, input_path, expected = run_files
+    plus = tmp_path / "plus.csv"
+    plus.write_text("+300\n" + input_path.read_text().split("\n", 1)[1])
+    assert cnnlab("cpu", cnn_path, plus, tmp_path / "out.csv").returncode == 0
+    assert (tmp_path / "out.csv").read_bytes() == expected
+    plus.write_text("++300\n" + input_path.read_text().split("\n", 1)[1])
+    assert "positive integer, not '++300'" in assert_one_line_error(cnnlab("cpu", cnn_path, plus, tmp_path / "out.csv"))
+
+
+def test_a_negative_seed_is_a_usage_error(tmp_path: Path) -> None:
+    message = assert_one_line_error(cnnlab("generate", "--seed", "-1", "--out-dir", tmp_path / "gen"))
+    assert "--seed: expected a non-negative integer, not '-1'" in message and not (tmp_path / "gen").exists()
