@@ -12,7 +12,6 @@ import signal
 import sys
 
 from cnnlab import interrupts
-from cnnlab.driverstart import start_driver
 
 # Measured on the 2-core machine: `import numpy` and a matrix product need 136 MB of address space with
 # one OpenBLAS thread and 175 MB with two; a run of the default data needs ~170 MB with one.
@@ -21,18 +20,29 @@ BLAS_THREAD_ADDRESS_SPACE = 48 << 20
 
 
 def main() -> int:
-    interrupts.install()
     sys.unraisablehook = interrupts.unraisable_hook
     try:
-        return _start()
+        interrupts.install()
+        status = _start()
     except BaseException:
-        status = interrupts.exit_status()
-        if status is None:
+        signal_status = interrupts.exit_status()
+        if signal_status is None:
             raise
-        return status
+        status = signal_status
     finally:  # the run is over: a signal from here on ends the process without a word (no traceback)
         for signum in interrupts.SIGNAL_EXITS:
             signal.signal(signum, signal.SIG_IGN)
+    if interrupts.stopped():
+        # Leave with 128 + the signal, not through SystemExit: where a KeyboardInterrupt passed through
+        # Python's C API on its way (numpy's import runs code that way), the interpreter would end the
+        # process by raising SIGINT again, whatever status is returned here.
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except OSError:
+                pass
+        os._exit(status)
+    return status
 
 
 def _start() -> int:
@@ -47,6 +57,8 @@ def _start() -> int:
             return 2
         threads = 1 + (limit - MINIMUM_ADDRESS_SPACE) // BLAS_THREAD_ADDRESS_SPACE
         os.environ.setdefault("OPENBLAS_NUM_THREADS", str(min(threads, os.cpu_count() or 1)))
+    from cnnlab.driverstart import start_driver
+
     # cuda mode: the driver starts while numpy is imported and the CNN read, before cli is even imported.
     starting = start_driver() if sys.argv[1:2] == ["cuda"] else None
     try:

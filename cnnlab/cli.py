@@ -203,7 +203,13 @@ def build_parser() -> argparse.ArgumentParser:
             f"With no files: the default data, written to {DEFAULT_OUTPUTS[mode]}. stdout gets the lab's "
             "line 'N microseconds of actual work done'.",
         )
-        run.add_argument("files", nargs="*", metavar="FILE", help="CNN_FILE INPUT_FILE OUTPUT_FILE")
+        run.add_argument(
+            "files",
+            nargs="*",
+            metavar="FILE",
+            help="CNN_FILE INPUT_FILE OUTPUT_FILE; '-' as INPUT_FILE reads CSV from standard input, as OUTPUT_FILE writes "
+            "the outputs to standard output (the lab's timing line then goes to stderr)",
+        )
         run.add_argument("--batch", type=_positive_int, help="images per compute call (default: sized to the backend)")
         run.add_argument("--timing-json", metavar="PATH", help="also write the run's figures as JSON")
         # cpu: parsing and computing both take every core, so reading ahead gains no wall time (measured on 2
@@ -294,8 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    interrupts.install()
     try:
+        interrupts.install()
         args = build_parser().parse_args(argv)
         interrupts.raise_if_received()  # a signal swallowed while the modules were imported still stops the run
         status = args.handler(args)

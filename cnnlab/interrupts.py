@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import signal
 import sys
-from typing import Any
 
 
 class Terminated(BaseException):
@@ -28,9 +27,11 @@ def _raise_for(signum: int, frame: object) -> None:
 
 
 def install() -> None:
-    """Turn SIGINT and SIGTERM into exceptions (SIGINT too where the parent shell ignored it)."""
+    """Turn SIGINT and SIGTERM into exceptions (SIGINT too where the parent shell ignored it, and both where the
+    parent started this process with them blocked: one that is pending is raised here, at once)."""
     for signum in SIGNAL_EXITS:
         signal.signal(signum, _raise_for)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, set(SIGNAL_EXITS))
 
 
 def raise_if_received() -> None:
@@ -40,11 +41,16 @@ def raise_if_received() -> None:
         raise SIGNAL_EXITS[_received[0]][0]
 
 
-def unraisable_hook(unraisable: Any) -> None:
+def unraisable_hook(unraisable: object) -> None:
     """sys.unraisablehook for the command line: a swallowed signal is silent here (raise_if_received raises it
     again, and the run ends with its one line); anything else is printed as Python prints it."""
-    if not isinstance(unraisable.exc_value, tuple(exception for exception, _ in SIGNAL_EXITS.values())):
-        sys.__unraisablehook__(unraisable)
+    if not isinstance(getattr(unraisable, "exc_value", None), tuple(exception for exception, _ in SIGNAL_EXITS.values())):
+        sys.__unraisablehook__(unraisable)  # type: ignore[arg-type]
+
+
+def stopped() -> bool:
+    """Whether a signal stopped this process's run."""
+    return bool(_received)
 
 
 def exit_status() -> int | None:

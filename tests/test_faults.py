@@ -17,13 +17,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import SUBPROCESS_ENV, TIMING_LINE, assert_one_line_error, cnnlab, random_cnn, write_files
+from helpers import SUBPROCESS_ENV, TIMING_LINE, assert_one_line_error, cnnlab, random_cnn, why_no_gpu, write_files
 
 from cnnlab.errors import InputFileError
 from cnnlab.generate import random_values
 from cnnlab.npy import NpyImageReader
 
 CLOSED_PIPE_STATUS = 128 + signal.SIGPIPE
+WHY_NO_GPU = why_no_gpu()
+# cuda mode reads and checks its files as cpu mode does; on a machine with a GPU the faults that involve the run go through it too.
+RUN_MODES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(WHY_NO_GPU is not None, reason=str(WHY_NO_GPU))])]
 
 
 def files_in(folder: Path) -> list[str]:
@@ -221,13 +224,14 @@ HOSTILE_NPY = {
 
 
 @pytest.mark.parametrize("case", HOSTILE_NPY)
-@pytest.mark.parametrize("command", ["cpu", "convert", "compare"])
+@pytest.mark.parametrize("command", [*RUN_MODES, "convert", "compare"])
 def test_hostile_npy_headers_are_one_line(tmp_path: Path, rng: np.random.Generator, case: str, command: str) -> None:
     cnn_path, _ = write_files(tmp_path, random_cnn(rng), random_values(rng, 1, 100, 100))
     content, expected = HOSTILE_NPY[case]
     hostile = tmp_path / "hostile.npy"
     hostile.write_bytes(content)
-    args = {"cpu": ["cpu", cnn_path, hostile, tmp_path / "out.csv"], "convert": ["convert", hostile, tmp_path / "out.csv"],
+    args = {"cpu": ["cpu", cnn_path, hostile, tmp_path / "out.csv"], "cuda": ["cuda", cnn_path, hostile, tmp_path / "out.csv"],
+            "convert": ["convert", hostile, tmp_path / "out.csv"],
             "compare": ["compare", hostile, hostile]}[command]
     message = assert_one_line_error(cnnlab(*args))
     assert message.startswith(f"cnnlab: {hostile}: ") and expected in message
@@ -264,19 +268,24 @@ def test_a_npy_file_truncated_while_being_read_is_an_error_not_a_crash(tmp_path:
 
 @pytest.mark.parametrize("signum, status, word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
 def test_a_signal_during_start_up_is_one_line(tmp_path: Path, rng: np.random.Generator, signum: int, status: int, word: str) -> None:
-    # From the interpreter's first moments (before cnnlab.__main__ runs, Python's own handling applies)
-    # through the imports of numpy and cnnlab to the run itself.
+    # The child starts with the signal blocked, so that one sent during the interpreter's own start-up (before
+    # cnnlab's first line runs, where Python's handling applies) waits until cnnlab's handlers are in place.
+    # From then on, through the imports of numpy and cnnlab to the run itself, it is one line at any moment.
     cnn_path, input_path = write_files(tmp_path, random_cnn(rng), random_values(rng, 2, 100, 100))
     command = [sys.executable, "-m", "cnnlab", "cpu", str(cnn_path), str(input_path), str(tmp_path / "out.csv")]
-    for delay in (0.05, 0.08, 0.12, 0.16, 0.2, 0.25):
-        process = subprocess.Popen(command, env=SUBPROCESS_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stopped = 0
+    for delay in (0.0, 0.02, 0.05, 0.08, 0.12, 0.16, 0.2, 0.25, 0.3):
+        process = subprocess.Popen(command, env=SUBPROCESS_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_BLOCK, {signum}))
         time.sleep(delay)
         process.send_signal(signum)
         stdout, stderr = process.communicate(timeout=60)
-        if process.returncode == 0:
+        if process.returncode == 0 and delay > 0:
             continue  # the run finished first
-        assert (process.returncode, stderr) == (status, f"cnnlab: {word}\n"), f"after {delay} s"
+        assert (process.returncode, stderr, stdout) == (status, f"cnnlab: {word}\n", ""), f"after {delay} s"
         assert files_in(tmp_path) == ["cnn.csv", "in.csv"]
+        stopped += 1
+    assert stopped >= 3
 
 
 def test_an_interrupted_generate_leaves_both_files_or_neither(tmp_path: Path) -> None:
@@ -304,11 +313,12 @@ def test_a_huge_n_and_batch_size_buffers_by_the_file(tmp_path: Path, rng: np.ran
         assert "file ends after 2 of the 999999999999999999 matrices" in assert_one_line_error(result), source
 
 
-@pytest.mark.parametrize("megabytes", [100, 180, 250, 400])
-def test_a_low_memory_limit_is_a_result_or_one_line(tmp_path: Path, rng: np.random.Generator, megabytes: int) -> None:
+@pytest.mark.parametrize("megabytes", [100, 180, 250, 400, 2000])
+@pytest.mark.parametrize("mode", RUN_MODES)
+def test_a_low_memory_limit_is_a_result_or_one_line(tmp_path: Path, rng: np.random.Generator, megabytes: int, mode: str) -> None:
     cnn_path, input_path = write_files(tmp_path, random_cnn(rng), random_values(rng, 4, 100, 100))
     limit = megabytes << 20
-    result = cnnlab("cpu", cnn_path, input_path, tmp_path / "out.csv",
+    result = cnnlab(mode, cnn_path, input_path, tmp_path / "out.csv",
                     preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
     if result.returncode == 0:
         assert TIMING_LINE.match(result.stdout) and (tmp_path / "out.csv").read_text().count("\n") == 4
@@ -319,11 +329,12 @@ def test_a_low_memory_limit_is_a_result_or_one_line(tmp_path: Path, rng: np.rand
 # Values.
 
 
-def test_outputs_that_overflow_are_refused_naming_the_image(tmp_path: Path, rng: np.random.Generator) -> None:
+@pytest.mark.parametrize("mode", RUN_MODES)
+def test_outputs_that_overflow_are_refused_naming_the_image(tmp_path: Path, rng: np.random.Generator, mode: str) -> None:
     images = random_values(rng, 3, 100, 100)
     images[1] *= 1e306  # finite inputs whose products overflow
     cnn_path, input_path = write_files(tmp_path, random_cnn(rng), images)
-    message = assert_one_line_error(cnnlab("cpu", cnn_path, input_path, tmp_path / "out.csv"))
+    message = assert_one_line_error(cnnlab(mode, cnn_path, input_path, tmp_path / "out.csv"))
     assert message == f"cnnlab: {input_path}: the outputs of image 2 are not finite: its values overflow float64 in the network\n"
     assert files_in(tmp_path) == ["cnn.csv", "in.csv"]
 
