@@ -6,30 +6,28 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import BAD_INPUTS, ROOT, TIMING_LINE, cnnlab, input_lines, random_cnn, read_all_images, why_no_gpu, write_files
+from helpers import (
+    BAD_INPUTS,
+    ROOT,
+    TIMING_LINE,
+    assert_lab_close,
+    cnnlab,
+    cpu_outputs,
+    input_lines,
+    random_cnn,
+    read_all_images,
+    why_no_gpu,
+    write_files,
+)
 
 from cnnlab import cli
 from cnnlab.compare import compare_files
-from cnnlab.cpu import CpuBackend
 from cnnlab.generate import random_values
 from cnnlab.network import Cnn, ImageBatch
 from cnnlab.resources import resource_dir
 
 WHY_NO_GPU = why_no_gpu()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(WHY_NO_GPU is not None, reason=str(WHY_NO_GPU))]
-
-
-def cpu_outputs(cnn: Cnn, images: np.ndarray) -> np.ndarray:
-    with CpuBackend(cnn) as backend:
-        return backend.compute(ImageBatch(images)).values
-
-
-def assert_lab_close(got: np.ndarray, want: np.ndarray) -> None:
-    """math.isclose with rel_tol 1e-9, value by value, and never a NaN (an output nobody wrote)."""
-    assert got.shape == want.shape
-    assert np.isfinite(got).all()
-    bad = np.abs(got - want) > 1e-9 * np.maximum(np.abs(got), np.abs(want))
-    assert not bad.any(), f"{bad.sum()} values differ, first at {np.argwhere(bad)[0]}: {got[bad][0]!r} vs {want[bad][0]!r}"
 
 
 def context(cnn: Cnn, batch_size: int | None = None, **config: int):
