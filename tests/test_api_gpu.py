@@ -124,10 +124,11 @@ def test_device_arrays_the_kernels_cannot_read_are_refused(rng: np.random.Genera
         ):
             with pytest.raises(cnnlab.ArrayError, match=message):
                 gpu.forward(on_device, out=out)
-        nowhere = SimpleNamespace(__cuda_array_interface__={"shape": (4, 100, 100), "typestr": "<f8", "data": (1 << 44, False), "version": 2})
+        unallocated = {"shape": (4, 100, 100), "typestr": "<f8", "data": (1 << 44, False), "version": 2}
+        nowhere = SimpleNamespace(__cuda_array_interface__=unallocated)
         with pytest.raises(cnnlab.ArrayError, match="is not device memory of GPU 0's primary context"):
             gpu.forward(nowhere)
-        interface = dict(on_device.__cuda_array_interface__, shape=(400, 100, 100))
+        interface = dict(on_device.__cuda_array_interface__, shape=(10**6, 100, 100))  # 80 GB: past any allocation
         with pytest.raises(cnnlab.ArrayError, match="run past the end of their allocation"):
             gpu.forward(SimpleNamespace(__cuda_array_interface__=interface))
         with pytest.raises(cnnlab.ArrayError, match="device memory: forward"):

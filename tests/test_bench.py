@@ -111,7 +111,7 @@ def test_the_plot_draws_each_row_against_its_bound(gpu_ran: bool) -> None:
 def test_bench_plot_without_a_gpu_writes_a_drawing(tmp_path: Path) -> None:
     import matplotlib.image
 
-    sizes = ["--cpu-images", "8", "--reader-images", "2", "--repeats", "1"]
+    sizes = ["--cpu-images", "8", "--reader-images", "2", "--repeats", "1", "--images", "256"]  # --images: the sweep, where a GPU is
     result = cnnlab("bench", "--rows", "cpu,reader", *sizes, "--plot", tmp_path / "bench.png")
     assert result.returncode == 0, result.stderr
     assert "matplotlib" not in result.stderr
