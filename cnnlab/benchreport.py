@@ -168,19 +168,22 @@ def draw_plot(report: BenchReport) -> Any:
     figure, axes = plt.subplots(1, panels, figsize=(8 + 5 * (panels - 1), 1.2 + 0.35 * max(len(rows), 4)), squeeze=False)
     bars = axes[0][0]
     positions = range(len(rows))[::-1]  # the table's order, top to bottom
-    bars.barh(list(positions), [row["images_per_second"] for row in rows], color="C0", label="measured")
+    bars.barh(list(positions), [row["images_per_second"] for row in rows], color="C0")
     bounded = [(position, keyed[row["bound"]]["images_per_second"]) for position, row in zip(positions, rows) if row["bound"] in keyed]
     if bounded:
-        bars.scatter(*zip(*[(rate, position) for position, rate in bounded]), marker="|", s=300, color="C3", zorder=3,
-                     label="its bound or reference")
+        bars.scatter(*zip(*[(rate, position) for position, rate in bounded]), marker="|", s=300, color="C3", zorder=3)
     for position, row in zip(positions, rows):
         relative = relative_text(row)
         label = f" {row['images_per_second']:,.0f}" + (f" ({relative})" if relative != "-" else "")
         bars.text(row["images_per_second"], position, label, va="center", fontsize=6)
     rates = [row["images_per_second"] for row in rows] + [rate for _, rate in bounded]
     bars.set_yticks(list(positions), [row["name"][:60] for row in rows], fontsize=7)
-    bars.set(xscale="log", xlim=(min(rates) / 3, max(rates) * 8), xlabel="images/s (log scale)", title=report.device or report.machine)
-    bars.legend(fontsize=7, loc="upper right", bbox_to_anchor=(1, -0.2), ncol=2)
+    bars.set(
+        xscale="log",
+        xlim=(min(rates) / 3, max(rates) * 8),
+        xlabel="images/s (log scale); red mark: the bound or reference the row is measured against",
+        title=report.device or report.machine,
+    )
     if sweeps:
         sweep = axes[0][1]
         for name, points in sweeps.items():
@@ -188,6 +191,6 @@ def draw_plot(report: BenchReport) -> Any:
         for color, row in enumerate((row for row in rows if row["row"] in ("lab", "bounds")), start=2):
             sweep.axhline(row["images_per_second"], color=f"C{color}", linestyle="--", linewidth=1, label=row["name"][:50])
         sweep.set(xscale="log", yscale="log", xlabel="images per compute() call", ylabel="images/s", title="batch sweep")
-        sweep.legend(fontsize=7)
+        sweep.legend(fontsize=7, loc="lower right")
     figure.tight_layout()
     return figure

@@ -88,7 +88,9 @@ class Lane:
     def copy_in(self, images: np.ndarray) -> None:
         """Queue the copy of page-locked `images` to the lane's device buffer."""
         self.driver.memcpy_htod_async(self.images, images, self.stream)
-        if self._staging is not None and images.base is self._staging.base:
+        # A slice of the staging buffer has the buffer itself as its base, not the buffer's base (numpy stops
+        # collapsing views at an owner that is not an array): ask whether the memory is the staging buffer's.
+        if self._staging is not None and np.may_share_memory(images, self._staging):
             self._staging_free.record(self.stream)
 
     def run(self, conv: Conv2dRelu, dense: FlattenedToDense, images: int, weights: Any, count: int, nonfinite: Any) -> None:

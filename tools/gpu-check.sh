@@ -148,7 +148,7 @@ PY
         python3 -m pip wheel . --no-deps --no-build-isolation -w "$WORK/wheel/dist" 2>&1 | tail -2
         python3 -m zipfile -l "$WORK/wheel/dist"/cnnlab-*.whl | grep -E "fatbin|_lab_csv|py.typed"
         python3 -m venv --without-pip "$WORK/wheel/venv"  # this machine's pip installs into it (--python)
-        python3 -m pip --python "$WORK/wheel/venv/bin/python" install -q --no-index --no-deps \
+        env -u PYTHONPATH python3 -m pip --python "$WORK/wheel/venv/bin/python" install -q --no-index --no-deps \
           "$WORK/wheel/dist"/cnnlab-*.whl .wheelhouse/*.whl .venvwheels/*.whl
         cd "$WORK/wheel"
         # Only the environment's own bin on the PATH: no nvcc, and no checkout on the import path.
