@@ -6,7 +6,7 @@ succeeds, with one line saying what to install, and cnnlab parses CSV files in P
 
 The fatbins are built with nvcc, where it is on the PATH, before a wheel or an sdist is made, so
 that the package carries them (setup.cfg's package data) and `cnnlab cuda` runs where only the
-driver is. Where nvcc is not, one line says so and the package carries the sources alone.
+driver is. Where nvcc is not, or fails, one line says so and the package carries the sources alone.
 """
 
 from __future__ import annotations
@@ -52,10 +52,14 @@ def build_kernels() -> None:
         print("cnnlab: nvcc is not on the PATH: this package carries no kernel fatbins (cuda mode will need nvcc)", file=sys.stderr)
         return
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from cnnlab.nvcc import SOURCES, is_stale, kernel_source
     from cnnlab.nvcc import main as build_fatbins
 
-    if build_fatbins([]) != 0:
-        raise SystemExit("cnnlab: building the kernels' fatbins failed (see above)")
+    if build_fatbins([]) != 0:  # an nvcc too old for the architectures, say: the package is still usable on the CPU
+        for source in map(kernel_source, SOURCES):  # an installed package trusts its fatbins: never ship a stale one
+            if is_stale(source, source.with_suffix(".fatbin")):
+                source.with_suffix(".fatbin").unlink(missing_ok=True)
+        print("cnnlab: building the kernels' fatbins failed (see above): the package carries only up-to-date ones", file=sys.stderr)
 
 
 class BuildPyWithKernels(build_py):
