@@ -1,5 +1,7 @@
 # Two commands for a fresh machine:  `make run` (the main job on the default data)  and  `make test`.
 PYTHON ?= python3
+# More pytest options, e.g. PYTEST_ARGS="-m 'not slow'" to leave out the tests that take seconds each.
+PYTEST_ARGS ?=
 VENV := .venv
 BIN := $(VENV)/bin
 
@@ -20,7 +22,7 @@ lint: setup
 	$(BIN)/ruff check .
 
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -rs $(PYTEST_ARGS)  # -rs: the reason for every skip
 
 clean:
 	rm -rf $(VENV) out build *.egg-info

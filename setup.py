@@ -1,16 +1,24 @@
-"""The native CSV parser, cnnlab._lab_csv (everything else about the package is in setup.cfg).
+"""What setup.cfg cannot say: the native CSV parser, cnnlab._lab_csv, and the kernels' fatbins.
 
-Built from native/lab_csv_module.cpp with kernel/lab_csv.h, the format's rules it shares with the
-CUDA parser. It is optional: where it cannot be compiled the install still succeeds, with one line
-saying what to install, and cnnlab parses CSV files in Python instead.
+The parser is built from native/lab_csv_module.cpp with kernel/lab_csv.h, the format's rules it
+shares with the CUDA parser. It is optional: where it cannot be compiled the install still
+succeeds, with one line saying what to install, and cnnlab parses CSV files in Python instead.
+
+The fatbins are built with nvcc, where it is on the PATH, before a wheel or an sdist is made, so
+that the package carries them (setup.cfg's package data) and `cnnlab cuda` runs where only the
+driver is. Where nvcc is not, or fails, one line says so and the package carries the sources alone.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
+from setuptools.command.sdist import sdist
 
 HINT = (
     "cnnlab: building the native CSV parser failed: install a C++17 compiler (g++ >= 11) and reinstall; "
@@ -38,6 +46,39 @@ class OptionalBuildExt(build_ext):
         print(f"{HINT} ({type(error).__name__}{': ' + detail[-1] if detail else ''})", file=sys.stderr)
 
 
+def build_kernels() -> None:
+    """The fatbins beside kernel/*.cu, built where missing or stale (cnnlab.nvcc, as build.py builds them)."""
+    if shutil.which("nvcc") is None:
+        print("cnnlab: nvcc is not on the PATH: this package carries no kernel fatbins (cuda mode will need nvcc)", file=sys.stderr)
+        return
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from cnnlab.nvcc import SOURCES, is_stale, kernel_source
+    from cnnlab.nvcc import main as build_fatbins
+
+    if build_fatbins([]) != 0:  # an nvcc too old for the architectures, say: the package is still usable on the CPU
+        for source in map(kernel_source, SOURCES):  # an installed package trusts its fatbins: never ship a stale one
+            if is_stale(source, source.with_suffix(".fatbin")):
+                source.with_suffix(".fatbin").unlink(missing_ok=True)
+        print("cnnlab: building the kernels' fatbins failed (see above): the package carries only up-to-date ones", file=sys.stderr)
+
+
+class BuildPyWithKernels(build_py):
+    """build_py, with the fatbins built first (not for an editable install: a checkout builds them when stale)."""
+
+    def run(self) -> None:
+        if not self.editable_mode:
+            build_kernels()
+        super().run()
+
+
+class SdistWithKernels(sdist):
+    """sdist, with the fatbins built first, so that an install from it needs no nvcc either."""
+
+    def run(self) -> None:
+        build_kernels()
+        super().run()
+
+
 setup(
     ext_modules=[
         Extension(
@@ -49,5 +90,5 @@ setup(
             language="c++",
         )
     ],
-    cmdclass={"build_ext": OptionalBuildExt},
+    cmdclass={"build_ext": OptionalBuildExt, "build_py": BuildPyWithKernels, "sdist": SdistWithKernels},
 )

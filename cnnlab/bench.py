@@ -22,6 +22,7 @@ from cnnlab.cpu import CpuBackend
 from cnnlab.errors import CnnlabError
 from cnnlab.generate import random_values
 from cnnlab.network import CONV_LAYER_SIZE, FLOPS_PER_IMAGE, IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, Cnn, ImageBatch
+from cnnlab.progress import Progress
 
 
 def _repeat(run: Callable[[], object], times: int) -> None:
@@ -136,25 +137,26 @@ def run_bench(options: BenchOptions, seed: int | None = None) -> BenchReport:
     rng = np.random.default_rng(seed)
     cnn = _random_cnn(rng)
     report = BenchReport(options)
+    # Each part that runs: the rows it measures, what it returns, and the errors that only leave a note.
+    parts: list[tuple[str, Callable[[], list[Figure] | None], tuple[type[BaseException], ...]]] = []
     if "cpu" in options.rows:
-        report.figures.append(bench_cpu(cnn, options, rng))
+        parts.append(("cpu", lambda: [bench_cpu(cnn, options, rng)], ()))
     if "reader" in options.rows:
-        report.figures += bench_reader(options, seed)
+        parts.append(("reader", lambda: bench_reader(options, seed), ()))
     if "csv" in options.rows:
-        try:
-            report.figures += bench_csv(cnn, options, seed)
-        except CnnlabError as error:
-            report.notes.append(f"csv rows not run: {error}")
+        parts.append(("csv", lambda: bench_csv(cnn, options, seed), (CnnlabError,)))
     if set(GPU_ROWS) & set(options.rows) or options.sweep:
-        try:
-            bench_cuda(cnn, options, rng, report)
-        except CnnlabError as error:
-            report.notes.append(f"cuda rows not run: {error}")
+        parts.append(("cuda", lambda: bench_cuda(cnn, options, rng, report), (CnnlabError,)))
     if "torch" in options.rows:
-        try:
-            report.figures += bench_torch(cnn, options, rng)
-        except (ImportError, CnnlabError) as error:
-            report.notes.append(f"torch rows not run: {error}")
+        parts.append(("torch", lambda: bench_torch(cnn, options, rng), (ImportError, CnnlabError)))
+    progress = Progress("cnnlab bench", len(parts), "parts")
+    try:
+        for done, (name, measure, noted) in enumerate(parts, start=1):
+            try:
+                report.figures += measure() or []
+            except noted as error:
+                report.notes.append(f"{name} rows not run: {error}")
+            progress.update(done)
+    finally:
+        progress.finish()
     return report
-
-

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -16,10 +15,13 @@ from typing import Any
 
 import numpy as np
 
+from cnnlab.errors import UsageError
 from cnnlab.filesafety import AtomicOutput
+from cnnlab.resources import install_command
 
 ROWS = ("cpu", "reader", "csv", "lab", "pinned", "resident", "bounds", "torch")
 GPU_ROWS = ("lab", "pinned", "resident", "bounds")
+REFERENCES = ("loadtxt",)  # keys of figures that others are multiples of: a peer's speed, not a hardware bound
 
 
 @dataclass(frozen=True)
@@ -109,15 +111,40 @@ def ratios(report: BenchReport) -> list[dict[str, Any]]:
     return rows
 
 
+def relative_text(row: dict[str, Any]) -> str:
+    """What a row's ratio is, and to what: a share of the hardware bound it names, or a multiple of a reference."""
+    if row["of_bound"] is None:
+        return "-"
+    if row["bound"] in REFERENCES:
+        return f"{row['of_bound']:.1f}x {row['bound']}"
+    return f"{row['of_bound']:.1%} of {row['bound']}"
+
+
 def format_table(report: BenchReport) -> str:
-    lines = [f"{'figure':<66} {'MB/s':>10} {'images/s':>14} {'of bound':>9} {'x lab':>8}"]
+    lines = [f"{'figure':<66} {'MB/s':>10} {'images/s':>14} {'relative to':>17} {'x lab':>8}"]
     for row in ratios(report):
-        of_bound = f"{row['of_bound']:.1%}" if row["of_bound"] is not None else "-"
         of_lab = f"{row['of_lab']:.1f}" if row["of_lab"] is not None else "-"
         rate = f"{row['bytes_per_second'] / 1e6:,.0f}" if row["bytes_per_second"] else "-"
-        lines.append(f"{row['name'][:66]:<66} {rate:>10} {row['images_per_second']:>14,.0f} {of_bound:>9} {of_lab:>8}")
+        lines.append(f"{row['name'][:66]:<66} {rate:>10} {row['images_per_second']:>14,.0f} {relative_text(row):>17} {of_lab:>8}")
+    if any(figure.bound for figure in report.figures):
+        lines.append(
+            "relative to: a share of the bound the row names (h2d, d2d: the copy bounds; read, h2d-text: the CSV bounds), "
+            "or a multiple of a reference (loadtxt: numpy.loadtxt on the same file)"
+        )
     lines += [f"note: {note}" for note in report.notes]
     return "\n".join(lines)
+
+
+def import_pyplot() -> Any:
+    """matplotlib's pyplot, drawing to files only; a UsageError saying how to install it where it is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UsageError(f"--plot needs matplotlib: {install_command('plot')}") from None
+    return plt
 
 
 def write_report(report: BenchReport, json_path: str | None, plot_path: str | None) -> None:
@@ -126,23 +153,44 @@ def write_report(report: BenchReport, json_path: str | None, plot_path: str | No
             json.dump({**asdict(report), "figures": ratios(report)}, out, indent=2)
             out.write("\n")
     if plot_path:
-        try:
-            import matplotlib
-
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError:
-            print("cnnlab: note: --plot needs matplotlib; no plot drawn", file=sys.stderr)
-            return
-        figure, axes = plt.subplots(figsize=(7, 4.5))
-        for row, points in asdict(report.sweep).items():
-            if points:
-                axes.plot(*zip(*points), "o-", label=f"cuda, {row}")
-        lines = [row for row in ratios(report) if row["row"] in ("lab", "bounds")]
-        for color, row in enumerate(lines, start=2):
-            axes.axhline(row["images_per_second"], color=f"C{color}", linestyle="--", linewidth=1, label=row["name"][:50])
-        axes.set(xscale="log", yscale="log", xlabel="images per compute() call", ylabel="images/s", title=report.device or "")
-        axes.legend(fontsize=7)
-        figure.tight_layout()
         with AtomicOutput(plot_path, binary=True) as out:
-            figure.savefig(out, format="png", dpi=120)
+            draw_plot(report).savefig(out, format="png", dpi=120)
+
+
+def draw_plot(report: BenchReport) -> Any:
+    """The figure `bench --plot` saves: each row's images/s beside its bound or reference, on a log scale, and,
+    where the GPU ran, images/s against the images per compute() call."""
+    plt = import_pyplot()
+    rows = ratios(report)
+    keyed = {row["key"]: row for row in rows if row["key"]}
+    sweeps = {name: points for name, points in asdict(report.sweep).items() if points}
+    panels = 2 if sweeps else 1
+    figure, axes = plt.subplots(1, panels, figsize=(8 + 5 * (panels - 1), 1.2 + 0.35 * max(len(rows), 4)), squeeze=False)
+    bars = axes[0][0]
+    positions = range(len(rows))[::-1]  # the table's order, top to bottom
+    bars.barh(list(positions), [row["images_per_second"] for row in rows], color="C0")
+    bounded = [(position, keyed[row["bound"]]["images_per_second"]) for position, row in zip(positions, rows) if row["bound"] in keyed]
+    if bounded:
+        bars.scatter(*zip(*[(rate, position) for position, rate in bounded]), marker="|", s=300, color="C3", zorder=3)
+    for position, row in zip(positions, rows):
+        relative = relative_text(row)
+        label = f" {row['images_per_second']:,.0f}" + (f" ({relative})" if relative != "-" else "")
+        bars.text(row["images_per_second"], position, label, va="center", fontsize=6)
+    rates = [row["images_per_second"] for row in rows] + [rate for _, rate in bounded]
+    bars.set_yticks(list(positions), [row["name"][:60] for row in rows], fontsize=7)
+    bars.set(
+        xscale="log",
+        xlim=(min(rates) / 3, max(rates) * 8),
+        xlabel="images/s (log scale); red mark: the bound or reference the row is measured against",
+        title=report.device or report.machine,
+    )
+    if sweeps:
+        sweep = axes[0][1]
+        for name, points in sweeps.items():
+            sweep.plot(*zip(*points), "o-", label=f"cuda, {name}")
+        for color, row in enumerate((row for row in rows if row["row"] in ("lab", "bounds")), start=2):
+            sweep.axhline(row["images_per_second"], color=f"C{color}", linestyle="--", linewidth=1, label=row["name"][:50])
+        sweep.set(xscale="log", yscale="log", xlabel="images per compute() call", ylabel="images/s", title="batch sweep")
+        sweep.legend(fontsize=7, loc="lower right")
+    figure.tight_layout()
+    return figure

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
-from cnnlab import interrupts
+from cnnlab import __version__, interrupts
 from cnnlab.errors import STANDARD_STREAM, CnnlabError, DeviceLostError, OutputFileError, ResourceError, UsageError
 from cnnlab.filesafety import AtomicOutput, output_target, refuse_same_file
 from cnnlab.labcsv import read_cnn
@@ -170,6 +170,10 @@ def _bench(args: argparse.Namespace) -> int:
     unknown = set(rows) - set(BenchOptions.rows)
     if unknown:
         raise UsageError(f"unknown bench rows {', '.join(sorted(unknown))}; choose from {','.join(BenchOptions.rows)}")
+    if args.plot:
+        from cnnlab.benchreport import import_pyplot
+
+        import_pyplot()  # before minutes of measuring: without matplotlib, one line saying how to install it
     sweep = (1, 16, 256, 4096, args.images) if args.plot else ()
     options = BenchOptions(
         args.images,
@@ -194,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     from cnnlab.generate import DEFAULT_IMAGES
 
     parser = _Parser(prog="cnnlab", description="The ECE 459 Lab 3 CNN: a batched float64 forward on the CPU or a GPU.")
+    parser.add_argument("--version", action="version", version=f"cnnlab {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for mode, where in (("cpu", "numpy on the CPU"), ("cuda", "CUDA kernels on the GPU")):
         run = commands.add_parser(
@@ -294,7 +299,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--chunk-images", type=_positive_int, help="images per chunk on the GPU (default: the backend's)")
     bench.add_argument("--streams", type=_positive_int, help="CUDA streams (default: the backend's)")
     bench.add_argument("--json", metavar="PATH", help="write every number, the device and versions as JSON")
-    bench.add_argument("--plot", metavar="PNG", help="draw images/s against batch size (needs matplotlib)")
+    bench.add_argument(
+        "--plot",
+        metavar="PNG",
+        help="draw each row's images/s against its bound, and with a GPU the batch sweep (needs matplotlib: the plot extra)",
+    )
     bench.set_defaults(handler=_bench)
     return parser
 

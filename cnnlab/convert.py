@@ -16,8 +16,12 @@ from cnnlab.errors import InputFileError
 from cnnlab.filesafety import AtomicOutput
 from cnnlab.formats import ImageReader, holds_images, is_npy, open_images, read_outputs
 from cnnlab.labcsv import format_rows, write_input_file
-from cnnlab.network import INPUT_DIM
+from cnnlab.network import CONV_LAYER_SIZE, FILTER_DIM, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM
 from cnnlab.npy import NpyWriter
+from cnnlab.progress import Progress
+
+# A CNN file's values per line: the filters', then the output weights'.
+CNN_FILE_WIDTHS = [FILTER_DIM * FILTER_DIM] * CONV_LAYER_SIZE + [OUT_NEURON_DIM] * OUT_LAYER_SIZE
 
 
 @dataclass(frozen=True)
@@ -31,14 +35,25 @@ class Conversion:
 
 def _batches(reader: ImageReader) -> Iterator[np.ndarray]:
     buffer = np.empty((min(reader.step, reader.count), INPUT_DIM, INPUT_DIM))
-    while count := reader.read_into(buffer):
-        yield buffer[:count]
+    progress = Progress("cnnlab convert", reader.count)
+    try:
+        while count := reader.read_into(buffer):
+            yield buffer[:count]
+            progress.update(reader.images_read)
+    finally:
+        progress.finish()
 
 
 def convert(input_path: str | os.PathLike, output_path: str | os.PathLike) -> Conversion:
     """Write the contents of `input_path` to `output_path` in the format its extension names."""
     if not holds_images(input_path):
         rows = read_outputs(input_path)
+        if [len(row) for row in rows] == CNN_FILE_WIDTHS:
+            raise InputFileError(
+                input_path,
+                "this is a CNN file (10 lines of 25 filter values, then 10 of 4000 weights); convert converts input files "
+                "(N images) and output files (rows of values) between CSV and .npy, and CNN files are read as CSV only",
+            )
         if not rows or len({len(row) for row in rows}) != 1:
             raise InputFileError(input_path, "an output file to convert needs one or more lines, all of the same length")
         values = np.array(rows, dtype=np.float64)

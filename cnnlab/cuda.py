@@ -10,10 +10,15 @@
 compute(batch) deals the batch's chunks round-robin to the lanes, so the copy in of one chunk
 overlaps the kernels of another and the copy out of a third; as each chunk's partials arrive the
 host adds them up with numpy while later chunks are still on the device.
+
+forward(images, out=None) is the same schedule for the Python API: images from any host array or
+from device memory (`__cuda_array_interface__`, read where they lie, as compute_resident reads
+them), outputs to the host or, with `out`, added up on the device into the caller's array.
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
 import statistics
 from collections.abc import Callable, Iterator
@@ -23,11 +28,24 @@ from typing import Any
 
 import numpy as np
 
-from cnnlab.errors import DeviceError, DeviceLostError
-from cnnlab.kernels import DENSE_MAX_THREADS, Conv2dRelu, FlattenedToDense
-from cnnlab.lanes import Allocator, ChunkSource, CsvText, HostImages, Lane, ResidentImages
-from cnnlab.network import IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM, Cnn, ImageBatch, OutputBatch, TextBatching
+from cnnlab.arrays import DeviceArray, check_device_images, check_device_outputs, device_array, host_images
+from cnnlab.errors import ArrayError, DeviceError, DeviceLostError
+from cnnlab.kernels import DENSE_MAX_THREADS, Conv2dRelu, FlattenedToDense, SumSegments
+from cnnlab.lanes import Allocator, ChunkSource, CsvText, DeviceOutputs, HostImages, HostOutputs, Lane, OutputSink, ResidentImages
+from cnnlab.network import (
+    IMAGE_BYTES,
+    INPUT_DIM,
+    OUT_LAYER_SIZE,
+    OUT_NEURON_DIM,
+    Cnn,
+    ImageBatch,
+    OutputBatch,
+    TextBatching,
+    nonfinite_error,
+    require_finite,
+)
 from cnnlab.nvcc import ensure_modules
+from cnnlab.resources import install_command
 
 # Images per compute() call from the command line: the run's two page-locked buffers stay at ~330 MB.
 DEFAULT_BATCH_IMAGES = 2048
@@ -59,12 +77,24 @@ class LaunchConfig:
             raise ValueError(f"dense_threads must be a multiple of 32 up to {DENSE_MAX_THREADS}")
 
 
+def _synchronize_stream(handle: int) -> None:
+    """Wait for the work queued on a stream that another library made (a device array's producer, which
+    `__cuda_array_interface__` names as a driver handle: 1 and 2 are the default streams). PyCUDA wraps
+    only streams it made, so the driver's own call."""
+    synchronize = ctypes.CDLL("libcuda.so.1").cuStreamSynchronize
+    synchronize.argtypes = [ctypes.c_void_p]
+    result = synchronize(handle)
+    if result != 0:
+        raise DeviceError(f"cannot wait for the device array's stream {handle:#x}: CUDA error {result}")
+
+
 def import_driver() -> Any:
     """pycuda.driver, or a one-line DeviceError saying what is missing."""
     try:
         import pycuda.driver as driver
     except ModuleNotFoundError:
-        raise DeviceError("cuda mode needs pycuda: pip install 'cnnlab[cuda]'") from None
+        hint = f"{install_command('cuda')} (builds PyCUDA from source: needs the CUDA toolkit)"
+        raise DeviceError(f"the GPU path needs pycuda: {hint}") from None
     except ImportError as error:  # pycuda is there but the driver library is not
         raise DeviceError(f"no CUDA driver: {error}") from None
     return driver
@@ -116,6 +146,11 @@ class CudaContext:
     def __init__(
         self, cnn: Cnn, batch_size: int | None = None, config: LaunchConfig | None = None, parse_csv: bool = True
     ) -> None:
+        """Start the driver, load the kernels, put the weights on device 0 and make the lanes.
+
+        `batch_size`: images per compute() call from the command line; `config`: how the work is spread;
+        `parse_csv`: whether CSV text is parsed on the device (the command line's cuda mode).
+        """
         self.config = config or LaunchConfig()
         self._parse_csv = parse_csv  # CSV input parsed here on the device; False: by the host's reader
         self.batch_size = batch_size or DEFAULT_BATCH_IMAGES
@@ -146,9 +181,11 @@ class CudaContext:
                 self._dense = FlattenedToDense(
                     self._module, sm_count, self.config.segments, self.config.dense_threads, self.config.dense_blocks
                 )
+                self._sum_segments = SumSegments(self._module, sm_count, self.config.segments)
                 driver.memcpy_htod(self._module.get_global("filters")[0], cnn.filters)
                 self._weights = self._memory.device(cnn.weights.nbytes)
                 driver.memcpy_htod(self._weights, cnn.weights)
+                self._nonfinite = self._memory.device(4)  # conv2d_relu's flag: an image value was NaN or infinite
             self._make_lanes()
         except BaseException:
             self.close()
@@ -210,6 +247,66 @@ class CudaContext:
         """Outputs for images already on the device: the kernels, the partials' copy and the reduction."""
         return self._run(images.count, ResidentImages(int(images.allocation), self._chunk))
 
+    def forward(self, images: Any, out: Any = None) -> Any:
+        """The network's outputs for `images`, as cnnlab.forward gives them, with this context's kernels and buffers.
+
+        `images`: one (100, 100) image or a batch (N, 100, 100), either anything numpy reads (any real
+        dtype and layout, converted to float64 as it is copied to the device) or a device array
+        (`__cuda_array_interface__`: CuPy, PyTorch CUDA tensors, Numba), read where it lies with no
+        trip through the host; it must be C-ordered float64 then. Returns a (N, 10) float64 numpy
+        array, (10,) for one image; or, given `out`, a device array of that shape (float64,
+        C-contiguous), writes the outputs there on the device and returns `out`. A NaN or an infinity
+        in the images (found by the convolution kernel as it reads them) raises ArrayError, and
+        leaves `out` undefined. Returns once the outputs are written.
+        """
+        source_array = device_array(images)
+        host: np.ndarray | None = None
+        if source_array is not None:
+            count, single = check_device_images(source_array)
+        else:
+            host, single = host_images(images)
+            count = len(host)
+        target = None if out is None else device_array(out)
+        if out is not None:
+            if target is None:
+                raise ArrayError("out must be a device array (__cuda_array_interface__); without out, forward returns a numpy array")
+            check_device_outputs(target, count, single)
+        if count == 0:
+            return out if out is not None else np.empty((0, OUT_LAYER_SIZE))
+        with device_errors("cannot read the caller's device arrays"):
+            for array, what in ((source_array, "images"), (target, "out")):
+                if array is not None:
+                    self._check_device_memory(array, what)
+                    if array.stream is not None:
+                        _synchronize_stream(array.stream)
+        if host is not None:
+            page_locked = host.dtype == np.float64 and host.flags.c_contiguous and self._memory.is_page_locked(host)
+            source: ChunkSource = HostImages(host, self._chunk, page_locked)
+        else:
+            source = ResidentImages(source_array.address, self._chunk)
+        try:
+            if target is None:
+                values = self._run(count, source, check_finite=True).values
+                return values[0] if single else values
+            self._schedule(count, source, self._chunk, DeviceOutputs(self._sum_segments, target.address, self._chunk), True)
+            return out
+        except ArrayError:
+            if host is not None:  # the host copy says where: worth a pass over it only now that it failed
+                require_finite("images", host)
+            raise
+
+    def _check_device_memory(self, array: DeviceArray, what: str) -> None:
+        """An ArrayError unless `array` lies wholly in one allocation of this context (device 0's primary one):
+        a kernel that read elsewhere would fault and lose the context."""
+        try:
+            base, size = self._driver.mem_get_address_range(array.address)
+        except self._driver.Error:
+            raise ArrayError(
+                f"{what} at {array.address:#x} is not device memory of GPU 0's primary context, which cnnlab uses"
+            ) from None
+        if array.address + array.nbytes > int(base) + size:
+            raise ArrayError(f"{what} ({array.nbytes} bytes at {array.address:#x}) run past the end of their allocation")
+
     def allocate_text(self, nbytes: int) -> np.ndarray:
         """A page-locked byte buffer, for CSV text the device copies straight from.
 
@@ -233,28 +330,38 @@ class CudaContext:
         finally:
             self._context.pop()
 
-    def _run(self, count: int, source: ChunkSource, chunk: int | None = None) -> OutputBatch:
+    def _run(self, count: int, source: ChunkSource, chunk: int | None = None, check_finite: bool = False) -> OutputBatch:
+        """The outputs of `count` images from `source`, added up on the host as each chunk's partials arrive."""
+        chunk = chunk or self._chunk
+        outputs = HostOutputs(self._partials_for(math.ceil(count / chunk)), self._chunk_done, count, chunk)
+        self._schedule(count, source, chunk, outputs, check_finite)
+        return OutputBatch(outputs.values[:count])
+
+    def _schedule(self, count: int, source: ChunkSource, chunk: int, outputs: OutputSink, check_finite: bool) -> None:
         """Every chunk (of `chunk` images, at most the lanes' size) through a lane, a round of one chunk
-        per lane at a time: first every lane's images are brought in, then each lane's kernels and
-        partials are queued; the host adds the partials of each chunk as they arrive."""
-        chunk, lanes = chunk or self._chunk, len(self._lanes)
+        per lane at a time: first every lane's images are brought in, then each lane's kernels are
+        queued and `outputs` takes its partials. `check_finite`: raise ArrayError if any image value
+        was a NaN or an infinity."""
+        lanes = len(self._lanes)
         chunks = math.ceil(count / chunk)
-        partials = self._partials_for(chunks)
-        outputs = np.empty((chunks * chunk, OUT_LAYER_SIZE))
+        flag = np.zeros(1, np.int32)
         with device_errors("CUDA error while computing"):
+            if check_finite:
+                self._driver.memset_d32(self._nonfinite, 0, 1)
             for first in range(0, chunks, lanes):
                 round_ = range(first, min(first + lanes, chunks))
                 for index in round_:
                     source.start(self._lanes[index % lanes], index)
                 for index in round_:
                     lane = self._lanes[index % lanes]
-                    lane.run(self._conv, self._dense, source.images(lane, index), self._weights, min(chunk, count - index * chunk))
-                    lane.copy_out(partials[index], self._chunk_done[index])
-            for index in range(chunks):
-                self._chunk_done[index].synchronize()
-                # Sum over the segments axis (the leading one): numpy adds whole rows in segment order.
-                np.sum(partials[index, :, :chunk], axis=0, out=outputs[index * chunk : (index + 1) * chunk])
-        return OutputBatch(outputs[:count])
+                    images = min(chunk, count - index * chunk)
+                    lane.run(self._conv, self._dense, source.images(lane, index), self._weights, images, self._nonfinite)
+                    outputs.take(lane, index, images)
+            outputs.finish(self._lanes)
+            if check_finite:
+                self._driver.memcpy_dtoh(flag, self._nonfinite)
+        if flag[0]:
+            raise nonfinite_error("images")
 
     def _partials_for(self, chunks: int) -> np.ndarray:
         """Page-locked room for the partials of `chunks` chunks, and an event for each; grown as needed."""
@@ -313,7 +420,7 @@ class CudaContext:
                 self._free_lanes()
                 self._memory.free_all()
                 self._host_partials, self._chunk_done = None, []
-                self._conv = self._dense = self._module = self._csv_module = None
+                self._conv = self._dense = self._sum_segments = self._module = self._csv_module = None
         finally:
             self._context.pop()
             self._context.detach()

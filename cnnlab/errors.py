@@ -18,7 +18,12 @@ class CnnlabError(Exception):
 
 
 class UsageError(CnnlabError):
-    """The command line asked for something that cannot be done (exit status 2)."""
+    """The command line (exit status 2) or the Python API asked for something that cannot be done."""
+
+
+class ArrayError(CnnlabError, ValueError):
+    """An array handed to the Python API that cnnlab cannot take: its shape, dtype, layout, memory or values,
+    said together with what was expected. A ValueError too, as numpy's own such errors are."""
 
 
 class InputFileError(CnnlabError):

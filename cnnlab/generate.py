@@ -7,6 +7,7 @@ the input file has a blank line after each matrix, the CNN file one between its 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import numpy as np
 from cnnlab.filesafety import AtomicOutput, written_together
 from cnnlab.labcsv import format_rows, write_images
 from cnnlab.network import CONV_LAYER_SIZE, FILTER_DIM, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM
+from cnnlab.progress import Progress
 
 VALUE_BOUND = 10.0
 DEFAULT_IMAGES = 250
@@ -43,13 +45,21 @@ def generate(out_dir: str | os.PathLike, images: int, seed: int | None) -> tuple
     """Write out_dir/cnn.csv and out_dir/in.csv, both or neither; the same seed gives the same files."""
     rng = np.random.default_rng(seed)
     cnn_path, input_path = Path(out_dir) / "cnn.csv", Path(out_dir) / "in.csv"
-    with written_together(AtomicOutput(cnn_path), AtomicOutput(input_path)) as (cnn_out, input_out):
-        write_cnn(
-            cnn_out,
-            random_values(rng, CONV_LAYER_SIZE, FILTER_DIM, FILTER_DIM),
-            random_values(rng, OUT_LAYER_SIZE, OUT_NEURON_DIM),
-        )
-        chunks = (random_values(rng, min(_IMAGES_PER_WRITE, images - start), INPUT_DIM, INPUT_DIM)
-                  for start in range(0, images, _IMAGES_PER_WRITE))
-        write_images(input_out, images, (image for chunk in chunks for image in chunk))
+    progress = Progress("cnnlab generate", images)
+
+    def random_images() -> Iterator[np.ndarray]:
+        for start in range(0, images, _IMAGES_PER_WRITE):
+            progress.update(start)
+            yield from random_values(rng, min(_IMAGES_PER_WRITE, images - start), INPUT_DIM, INPUT_DIM)
+
+    try:
+        with written_together(AtomicOutput(cnn_path), AtomicOutput(input_path)) as (cnn_out, input_out):
+            write_cnn(
+                cnn_out,
+                random_values(rng, CONV_LAYER_SIZE, FILTER_DIM, FILTER_DIM),
+                random_values(rng, OUT_LAYER_SIZE, OUT_NEURON_DIM),
+            )
+            write_images(input_out, images, random_images())
+    finally:
+        progress.finish()
     return cnn_path, input_path

@@ -42,16 +42,17 @@ def device_bytes_per_image(segments: int) -> int:
 
 
 class Conv2dRelu:
-    """conv2d_relu(images, conv_out, count): convolution and ReLU, a thread per output column of a band."""
+    """conv2d_relu(images, conv_out, count, nonfinite): convolution and ReLU, a thread per output column of a
+    band; sets the int at `nonfinite` to 1 where an image holds a NaN or an infinity."""
 
     def __init__(self, module: Any, sm_count: int, blocks: int | None = None) -> None:
         self._function = module.get_function("conv2d_relu")
-        self._function.prepare("PPi")
+        self._function.prepare("PPiP")
         self._max_blocks = blocks or sm_count * BLOCKS_PER_SM
 
-    def __call__(self, stream: Any, images: Any, conv_out: Any, count: int) -> None:
+    def __call__(self, stream: Any, images: Any, conv_out: Any, count: int, nonfinite: Any) -> None:
         grid = (min(math.ceil(count * CONV_OUT_DIM / CONV_BANDS_PER_BLOCK), self._max_blocks), 1)
-        self._function.prepared_async_call(grid, (CONV_THREADS, 1, 1), stream, images, conv_out, np.int32(count))
+        self._function.prepared_async_call(grid, (CONV_THREADS, 1, 1), stream, images, conv_out, np.int32(count), nonfinite)
 
 
 class FlattenedToDense:
@@ -67,4 +68,23 @@ class FlattenedToDense:
         grid = (min(count, self._max_blocks), self._segments)
         self._function.prepared_async_call(
             grid, (self._threads, 1, 1), stream, conv_out, weights, partials, np.int32(count), np.int32(stride)
+        )
+
+
+class SumSegments:
+    """sum_segments(partials, outputs, count, stride, segments): each output the in-order sum of its
+    segments' partials, written to device memory (a caller's array): the host's numpy sum, bit for bit."""
+
+    THREADS = 256
+
+    def __init__(self, module: Any, sm_count: int, segments: int) -> None:
+        self._function = module.get_function("sum_segments")
+        self._function.prepare("PPiii")
+        self._segments = segments
+        self._max_blocks = sm_count * BLOCKS_PER_SM
+
+    def __call__(self, stream: Any, partials: Any, outputs: int, count: int, stride: int) -> None:
+        grid = (min(math.ceil(count * OUT_LAYER_SIZE / self.THREADS), self._max_blocks), 1)
+        self._function.prepared_async_call(
+            grid, (self.THREADS, 1, 1), stream, partials, outputs, np.int32(count), np.int32(stride), np.int32(self._segments)
         )

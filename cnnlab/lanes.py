@@ -1,21 +1,24 @@
-"""What CudaContext schedules with: the memory allocator, the lanes, and the sources a chunk's images
-come from (a host batch, images already on the device, or CSV text parsed on the device).
+"""What CudaContext schedules with: the memory allocator, the lanes, the sources a chunk's images
+come from (a host batch, images already on the device, or CSV text parsed on the device), and where
+a chunk's outputs go (added up on the host, or on the device into a caller's array).
 
 A source is asked twice per chunk: `start(lane, index)` queues whatever brings the chunk's images to
 the lane (copies, the parse), for every lane of a round before the first kernel is launched, so the
 copies of one lane overlap the kernels of another; `images(lane, index)` then returns their device
-address, once they are known to be right.
+address, once they are known to be right. Outputs are asked once per chunk, `take(lane, index,
+count)`, once the chunk's kernels are queued, and once at the end, `finish(lanes)`.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any, Protocol
 
 import numpy as np
 
 from cnnlab.csv_gpu import STATUS_DTYPE, CsvParser, host_values, read_status, scratch_bytes
-from cnnlab.kernels import Conv2dRelu, FlattenedToDense
+from cnnlab.kernels import Conv2dRelu, FlattenedToDense, SumSegments
 from cnnlab.network import IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM
 
 
@@ -85,11 +88,13 @@ class Lane:
     def copy_in(self, images: np.ndarray) -> None:
         """Queue the copy of page-locked `images` to the lane's device buffer."""
         self.driver.memcpy_htod_async(self.images, images, self.stream)
-        if self._staging is not None and images.base is self._staging.base:
+        # A slice of the staging buffer has the buffer itself as its base, not the buffer's base (numpy stops
+        # collapsing views at an owner that is not an array): ask whether the memory is the staging buffer's.
+        if self._staging is not None and np.may_share_memory(images, self._staging):
             self._staging_free.record(self.stream)
 
-    def run(self, conv: Conv2dRelu, dense: FlattenedToDense, images: int, weights: Any, count: int) -> None:
-        conv(self.stream, images, self.conv_out, count)
+    def run(self, conv: Conv2dRelu, dense: FlattenedToDense, images: int, weights: Any, count: int, nonfinite: Any) -> None:
+        conv(self.stream, images, self.conv_out, count, nonfinite)
         dense(self.stream, self.conv_out, weights, self.partials, count, self.chunk)
 
     def copy_out(self, partials: np.ndarray, done: Any) -> None:
@@ -197,3 +202,43 @@ class CsvText:
             self._batch.parse_on_host(piece, staged.reshape(-1))
             lane.copy_in(staged)
         return int(lane.images)
+
+
+class OutputSink(Protocol):
+    def take(self, lane: Lane, index: int, count: int) -> None: ...
+
+    def finish(self, lanes: list[Lane]) -> None: ...
+
+
+class HostOutputs:
+    """Each chunk's partials copied to page-locked host memory and added up there with numpy, while later
+    chunks are still on the device; `values` holds the outputs once finish() returns."""
+
+    def __init__(self, partials: np.ndarray, done: list[Any], count: int, chunk: int) -> None:
+        self._partials, self._done, self._chunk = partials, done, chunk
+        self.values = np.empty((math.ceil(count / chunk) * chunk, OUT_LAYER_SIZE))
+
+    def take(self, lane: Lane, index: int, count: int) -> None:
+        lane.copy_out(self._partials[index], self._done[index])
+
+    def finish(self, lanes: list[Lane]) -> None:
+        chunk = self._chunk
+        for index in range(len(self.values) // chunk):
+            self._done[index].synchronize()
+            # Sum over the segments axis (the leading one): numpy adds whole rows in segment order.
+            np.sum(self._partials[index, :, :chunk], axis=0, out=self.values[index * chunk : (index + 1) * chunk])
+
+
+class DeviceOutputs:
+    """Each chunk's partials added up on the device (sum_segments, in the host's order, so the same bits)
+    straight into (count, 10) float64 device memory at `address`, a caller's array: nothing comes back."""
+
+    def __init__(self, sum_segments: SumSegments, address: int, chunk: int) -> None:
+        self._sum, self._address, self._chunk = sum_segments, address, chunk
+
+    def take(self, lane: Lane, index: int, count: int) -> None:
+        self._sum(lane.stream, lane.partials, self._address + index * self._chunk * OUT_LAYER_SIZE * 8, count, lane.chunk)
+
+    def finish(self, lanes: list[Lane]) -> None:
+        for lane in lanes:
+            lane.stream.synchronize()

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
+
+from cnnlab.errors import ArrayError
 
 # One word per idea for sizes, everywhere in cnnlab:
 #   image    one 100x100 input matrix; its outputs are one row of OUT_LAYER_SIZE values.
@@ -63,16 +65,64 @@ def _checked(name: str, array: np.ndarray, shape: tuple[int | None, ...]) -> np.
     return array
 
 
+def host_array(name: str, value: Any) -> np.ndarray:
+    """`value`, anything numpy reads (a list, a view, Fortran order, any float or integer dtype), as a numpy
+    array of real numbers, not yet converted: no copy where numpy needs none."""
+    if hasattr(value, "__cuda_array_interface__"):
+        raise ArrayError(f"{name} lie in device memory: this takes host arrays (numpy, lists); copy them to the host first")
+    try:
+        array = np.asarray(value)
+    except (ValueError, TypeError) as error:  # a ragged list, an object numpy cannot read
+        raise ArrayError(f"{name} are not an array of numbers: {error}") from None
+    if array.dtype.kind not in "fiu":
+        raise ArrayError(f"{name} must hold real numbers (any float or integer dtype, converted to float64), not {array.dtype}")
+    return array
+
+
+def require_finite(name: str, array: np.ndarray) -> None:
+    """Raise an ArrayError naming the first NaN or infinity in `array`, if it holds one."""
+    # min and max are NaN where a NaN is and infinite where an infinity is: two fast reductions, no temporary.
+    if array.size == 0 or (np.isfinite(array.min()) and np.isfinite(array.max())):
+        return
+    index = tuple(int(i) for i in np.argwhere(~np.isfinite(array))[0])
+    raise nonfinite_error(name, f"{array[index]} at index {index}")
+
+
+def nonfinite_error(name: str, what: str = "a NaN or an infinity") -> ArrayError:
+    return ArrayError(f"{name} hold {what}: the network takes finite values only")
+
+
+def real_array(name: str, value: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """`value` (see host_array) as a C-ordered float64 array of `shape` with finite values, converted once
+    where it is not that already."""
+    array = host_array(name, value)
+    if array.shape != shape:
+        raise ArrayError(f"{name} must have shape {shape}, not {array.shape}")
+    array = np.ascontiguousarray(array, dtype=np.float64)
+    require_finite(name, array)
+    return array
+
+
 @dataclass(frozen=True)
 class Cnn:
-    """The network's weights: filters (10, 5, 5) and output weights (10, 4000)."""
+    """The network's weights: filters (10, 5, 5) and output weights (10, 4000).
+
+    Built from anything numpy reads (see host_array), converted once to C-ordered float64; a wrong shape
+    or a value that is not finite is an ArrayError.
+
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(459)
+    >>> cnn = Cnn(rng.uniform(-10, 10, (10, 5, 5)).astype(np.float32), rng.uniform(-10, 10, (10, 4000)))
+    >>> cnn.filters.dtype, cnn.weights.shape
+    (dtype('float64'), (10, 4000))
+    """
 
     filters: np.ndarray
     weights: np.ndarray
 
     def __post_init__(self) -> None:
-        _checked("filters", self.filters, (CONV_LAYER_SIZE, FILTER_DIM, FILTER_DIM))
-        _checked("weights", self.weights, (OUT_LAYER_SIZE, OUT_NEURON_DIM))
+        object.__setattr__(self, "filters", real_array("filters", self.filters, (CONV_LAYER_SIZE, FILTER_DIM, FILTER_DIM)))
+        object.__setattr__(self, "weights", real_array("weights", self.weights, (OUT_LAYER_SIZE, OUT_NEURON_DIM)))
 
 
 @dataclass(frozen=True)

@@ -19,13 +19,16 @@ from pathlib import Path
 
 from cnnlab.errors import CnnlabError, DeviceError
 from cnnlab.kernels import nvcc_defines
-from cnnlab.resources import resource_dir
+from cnnlab.resources import is_checkout, resource_dir
 
 DEFAULT_ARCH = "compute_75"  # the oldest architecture CUDA 13 supports: its PTX runs on any GPU CUDA 13 does
 MACHINE_ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90")
-ENTRY_POINTS = ("conv2d_relu", "flattened_to_dense")
+ENTRY_POINTS = ("conv2d_relu", "flattened_to_dense", "sum_segments")
 SOURCES = ("kernel.cu", "csv.cu")  # the CNN's kernels; the CSV parser's
 BUILD_HINT = "run `python build.py` in a checkout (needs nvcc, the CUDA toolkit's compiler)"
+PACKAGE_BUILD_HINT = (
+    "this package was built where nvcc was not: put nvcc (the CUDA toolkit's compiler) on the PATH, or install a wheel built where it is"
+)
 # The Python files and headers that define what the kernels are built with: a change there is a change of the kernels.
 INPUTS = (Path(__file__).with_name("network.py"), Path(__file__).with_name("kernels.py"))
 
@@ -79,15 +82,19 @@ def build_fatbin(source: Path, fatbin: Path, archs: Sequence[str] = MACHINE_ARCH
 
 
 def ensure_modules() -> Modules:
-    """The fatbins beside the kernel sources, built first where missing or older than their sources."""
+    """The fatbins beside the kernel sources, built first where missing or (in a checkout) older than their sources.
+
+    An installed package's fatbins were built from its own sources when its wheel was made, and pip
+    gives the files it unpacks new times in any order: there a fatbin is used as it is.
+    """
     built = []
     for name in SOURCES:
         source = kernel_source(name)
         fatbin = source.with_suffix(".fatbin")
-        if is_stale(source, fatbin):
+        if not fatbin.exists() or (is_checkout() and is_stale(source, fatbin)):
             if shutil.which("nvcc") is None or not os.access(fatbin.parent, os.W_OK):
                 state = "missing" if not fatbin.exists() else f"older than {name}"
-                raise DeviceError(f"{fatbin} is {state}: {BUILD_HINT}")
+                raise DeviceError(f"{fatbin} is {state}: {BUILD_HINT if is_checkout() else PACKAGE_BUILD_HINT}")
             build_fatbin(source, fatbin)
         built.append(fatbin)
     return Modules(*built)

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import os
 import queue
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, TextIO
+from typing import Any
 
 import numpy as np
 
@@ -24,6 +23,7 @@ from cnnlab.errors import InputFileError
 from cnnlab.formats import ImageReader, open_images, open_outputs
 from cnnlab.labcsv import CsvBatch, CsvImageReader
 from cnnlab.network import Backend, ImageBatch, OutputBatch
+from cnnlab.progress import Progress
 
 Batch = ImageBatch | CsvBatch
 
@@ -46,33 +46,6 @@ class RunStats:
     @property
     def images_per_second(self) -> float:
         return self.images / self.work_seconds if self.work_seconds > 0 else float("inf")
-
-
-class Progress:
-    """A one-line count of images done on a terminal's stderr, for runs long enough to wait for."""
-
-    DELAY_SECONDS = 1.0  # stay quiet for runs shorter than this
-    INTERVAL_SECONDS = 0.2
-
-    def __init__(self, total: int, stream: TextIO = sys.stderr) -> None:
-        self._total = total
-        self._stream = stream
-        self._enabled = stream.isatty()
-        self._start = time.monotonic()
-        self._last = self._start
-        self._shown = False
-
-    def update(self, done: int) -> None:
-        now = time.monotonic()
-        if self._enabled and now - self._start >= self.DELAY_SECONDS and now - self._last >= self.INTERVAL_SECONDS:
-            self._stream.write(f"\rcnnlab: {done}/{self._total} images")
-            self._stream.flush()
-            self._last, self._shown = now, True
-
-    def finish(self) -> None:
-        if self._shown:
-            self._stream.write("\r\033[K")
-            self._stream.flush()
 
 
 class Prefetcher:
@@ -173,7 +146,7 @@ def run_network(
             batch_size = min(backend.batch_size, reader.count, reader.capacity)  # never buffers for images the file cannot hold
             read = partial(fill_images, reader)
             buffers = [backend.allocate_images(batch_size) for _ in range(slots)]
-        progress = Progress(reader.count)
+        progress = Progress(f"cnnlab {backend.name}", reader.count)
         work_seconds, startup_seconds, images_done = 0.0, None, 0
         loop_start = time.perf_counter()
         try:

@@ -10,7 +10,9 @@
 //   conv_out [batch][10][20][20]    after convolution and ReLU, i.e. [batch][4000] flattened
 //   weights  [10][4000]             the output layer
 //   partials [segments][stride][10] one partial dot product per segment of the 4000 inputs;
-//                                   the host adds the segments up (cnnlab/cuda.py)
+//                                   the host adds the segments up (cnnlab/cuda.py), or sum_segments
+//                                   does, into a caller's device array
+//   outputs  [batch][10]            sum_segments' result
 //
 // Napkin math per image: 80,000 bytes of input read, 32,000 written and read back between the
 // kernels, 80 * segments bytes of partials out: ~144 KB of device memory traffic, so at ~3 TB/s
@@ -40,22 +42,30 @@ __constant__ double filters[CONV_LAYER_SIZE * FILTER_TAPS];
 //
 // Each sum runs over the 25 taps in cpu.rs's order with separately rounded multiplies and adds
 // (__dmul_rn/__dadd_rn are never fused into FMAs), so conv_out equals the CPU's bit for bit.
+//
+// Every image value passes through a register on its way to the tile, so the kernel also checks it
+// there: a NaN or an infinity sets *nonfinite to 1 (the Python API refuses such images; files are
+// checked as they are parsed). Two compares per 16-byte load cost nothing in a kernel bound by memory.
 #define CONV_THREADS (CONV_BANDS_PER_BLOCK * CONV_OUT_DIM)  // launch with this block size
 
 extern "C" __global__ void __launch_bounds__(CONV_THREADS)
-conv2d_relu(const double *__restrict__ images, double *__restrict__ conv_out, int batch)
+conv2d_relu(const double *__restrict__ images, double *__restrict__ conv_out, int batch, int *__restrict__ nonfinite)
 {
     __shared__ double2 tile[CONV_BANDS_PER_BLOCK * BAND_DOUBLES / 2];
     const long long total_bands = (long long)batch * CONV_OUT_DIM;
     const int band_in_tile = threadIdx.x / CONV_OUT_DIM;
     const int c = threadIdx.x % CONV_OUT_DIM;
+    bool finite = true;
 
     for (long long first = (long long)blockIdx.x * CONV_BANDS_PER_BLOCK; first < total_bands;
          first += (long long)gridDim.x * CONV_BANDS_PER_BLOCK) {
         const int bands = (int)min((long long)CONV_BANDS_PER_BLOCK, total_bands - first);
         const double2 *source = reinterpret_cast<const double2 *>(images + first * BAND_DOUBLES);
-        for (int k = threadIdx.x; k < bands * BAND_DOUBLES / 2; k += blockDim.x)
-            tile[k] = source[k];
+        for (int k = threadIdx.x; k < bands * BAND_DOUBLES / 2; k += blockDim.x) {
+            const double2 values = source[k];
+            finite &= isfinite(values.x) & isfinite(values.y);
+            tile[k] = values;
+        }
         __syncthreads();
 
         if (band_in_tile < bands) {
@@ -80,6 +90,8 @@ conv2d_relu(const double *__restrict__ images, double *__restrict__ conv_out, in
         }
         __syncthreads();  // the tile is refilled next round
     }
+    if (!finite)
+        *nonfinite = 1;  // every writer writes the same value: no atomic needed
 }
 
 // flattened_to_dense: partial dot products of each image's 4000 values with the 10 neurons' weights.
@@ -134,5 +146,25 @@ flattened_to_dense(const double *__restrict__ conv_out, const double *__restrict
             partials[((long long)blockIdx.y * stride + image) * OUT_LAYER_SIZE + threadIdx.x] = total;
         }
         __syncthreads();  // warp_sums is reused for the next image
+    }
+}
+
+// sum_segments: each output of `batch` images, the sum of its `segments` partials from
+// flattened_to_dense, written to outputs[image][n]: the host's reduction, done where the partials
+// are when the outputs go to a caller's device array (the Python API's out=).
+//
+// It adds in the order the host's numpy does (numpy's sum over the leading axis starts from +0.0
+// and adds the segments' rows in turn, each add rounded once), with __dadd_rn, which is never
+// contracted: the outputs equal the host-reduced ones bit for bit, so the lab's comparison sees the
+// same values whichever side adds them. A thread per output, grid-stride.
+extern "C" __global__ void
+sum_segments(const double *__restrict__ partials, double *__restrict__ outputs, int batch, int stride, int segments)
+{
+    const long long total = (long long)batch * OUT_LAYER_SIZE;
+    for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < total; k += (long long)gridDim.x * blockDim.x) {
+        double sum = 0.0;
+        for (int s = 0; s < segments; ++s)
+            sum = __dadd_rn(sum, partials[(long long)s * stride * OUT_LAYER_SIZE + k]);
+        outputs[k] = sum;
     }
 }

@@ -1,4 +1,5 @@
-"""What the tests share: file makers, the command line in a subprocess, and the malformed-input corpus.
+"""What the tests share: file makers, the command line in a subprocess, the CPU outputs and the lab's rule to check
+the GPU's against, the kinds of input the API takes, and the malformed-input corpus.
 
 Test modules import from here, never from each other.
 """
@@ -10,14 +11,16 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from cnnlab.cpu import CpuBackend
 from cnnlab.generate import random_values, write_cnn_file
 from cnnlab.labcsv import CsvImageReader, write_input_file
-from cnnlab.network import Cnn
+from cnnlab.network import Cnn, ImageBatch
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMING_LINE = re.compile(r"^\d+ microseconds of actual work done\n$")
@@ -42,6 +45,35 @@ def why_no_gpu(builds_kernels: bool = False) -> str | None:
 
 def random_cnn(rng: np.random.Generator) -> Cnn:
     return Cnn(random_values(rng, 10, 5, 5), random_values(rng, 10, 4000))
+
+
+def cpu_outputs(cnn: Cnn, images: np.ndarray) -> np.ndarray:
+    with CpuBackend(cnn) as backend:
+        return backend.compute(ImageBatch(images)).values
+
+
+def assert_lab_close(got: np.ndarray, want: np.ndarray) -> None:
+    """math.isclose with rel_tol 1e-9, value by value, and never a NaN (an output nobody wrote)."""
+    assert got.shape == want.shape
+    assert np.isfinite(got).all()
+    bad = np.abs(got - want) > 1e-9 * np.maximum(np.abs(got), np.abs(want))
+    assert not bad.any(), f"{bad.sum()} values differ, first at {np.argwhere(bad)[0]}: {got[bad][0]!r} vs {want[bad][0]!r}"
+
+
+# Each kind of host array a numpy user passes to cnnlab.forward: how to make it from fresh float64 images (N, 100, 100).
+INPUT_KINDS: dict[str, Callable[[np.ndarray], object]] = {
+    "float64": lambda images: images,
+    "nested lists": lambda images: images.tolist(),
+    "Fortran order": np.asfortranarray,
+    "strided view": lambda images: np.repeat(images, 2, axis=2)[:, :, ::2],
+    "reversed view": lambda images: images[::-1].copy()[::-1],
+    "read-only": lambda images: np.frombuffer(images.tobytes()).reshape(images.shape),
+    "float32": lambda images: images.astype(np.float32),
+    "float16": lambda images: images.astype(np.float16),
+    "int32": lambda images: np.rint(images * 1000).astype(np.int32),
+    "uint8": lambda images: (np.abs(images) * 25).astype(np.uint8),
+    "big-endian": lambda images: images.astype(">f8"),
+}
 
 
 def write_files(tmp_path: Path, cnn: Cnn, images: np.ndarray) -> tuple[Path, Path]:

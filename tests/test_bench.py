@@ -1,12 +1,14 @@
-"""`cnnlab bench` on any machine: the cpu row runs, the table and JSON hold sane, consistent numbers."""
+"""`cnnlab bench` on any machine: the cpu row runs, the table and JSON hold sane, consistent numbers, the plot draws them."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from helpers import assert_one_line_error, cnnlab
+from helpers import ROOT, SUBPROCESS_ENV, assert_one_line_error, cnnlab
 
 from cnnlab.benchreport import BenchOptions, BenchReport, Figure, format_table, ratios
 
@@ -55,7 +57,76 @@ def test_ratios_come_from_the_figures() -> None:
     assert rows["pinnedNone"]["of_bound"] == 0.8 and rows["pinnedNone"]["of_lab"] == 8.0
     assert rows["residentNone"]["of_bound"] == 0.25 and rows["boundsh2d"]["of_bound"] is None
     table = format_table(report)
-    assert "80.0%" in table and "25.0%" in table and "note: torch rows not run" in table
+    assert "80.0% of h2d" in table and "25.0% of d2d" in table and "note: torch rows not run" in table
+
+
+def test_the_table_says_what_each_ratio_is_relative_to() -> None:
+    """Readers are multiples of numpy.loadtxt, a peer, not a share of a hardware bound."""
+    report = BenchReport(
+        BenchOptions(),
+        figures=[Figure("reader", "loadtxt", 100.0, key="loadtxt"), Figure("reader", "cnnlab", 1030.0, "loadtxt")],
+    )
+    table = format_table(report)
+    assert "10.3x loadtxt" in table and "%" not in table.splitlines()[2]
+    assert "relative to: a share of the bound the row names" in table
+
+
+def _report_with_every_kind_of_row() -> BenchReport:
+    report = BenchReport(
+        BenchOptions(),
+        figures=[
+            Figure("cpu", "cpu", 3000.0),
+            Figure("reader", "loadtxt", 600.0, key="loadtxt"),
+            Figure("reader", "reader", 2000.0, "loadtxt"),
+            Figure("lab", "lab", 9000.0),
+            Figure("pinned", "pinned", 6e5, "h2d"),
+            Figure("bounds", "bound h2d", 7e5, key="h2d"),
+        ],
+        device="a GPU",
+    )
+    report.sweep.pinned = [(1, 5000.0), (16, 6e4), (4096, 5.5e5)]
+    return report
+
+
+@pytest.mark.parametrize("gpu_ran", [False, True])
+def test_the_plot_draws_each_row_against_its_bound(gpu_ran: bool) -> None:
+    from cnnlab.benchreport import draw_plot
+
+    report = _report_with_every_kind_of_row()
+    if not gpu_ran:
+        report.figures = report.figures[:3]
+        report.sweep.pinned = []
+    figure = draw_plot(report)
+    bars, *sweep = figure.axes
+    widths = [patch.get_width() for patch in bars.patches]
+    assert widths == [f.images_per_second for f in report.figures]
+    assert bars.get_xscale() == "log"
+    [markers] = bars.collections  # one marker at each bounded row's bound
+    assert sorted(x for x, _ in markers.get_offsets()) == sorted(600.0 if f.bound == "loadtxt" else 7e5 for f in report.figures if f.bound)
+    assert len(sweep) == gpu_ran
+    if gpu_ran:
+        assert [tuple(xy) for xy in sweep[0].lines[0].get_xydata()] == report.sweep.pinned
+
+
+def test_bench_plot_without_a_gpu_writes_a_drawing(tmp_path: Path) -> None:
+    import matplotlib.image
+
+    sizes = ["--cpu-images", "8", "--reader-images", "2", "--repeats", "1", "--images", "256"]  # --images: the sweep, where a GPU is
+    result = cnnlab("bench", "--rows", "cpu,reader", *sizes, "--plot", tmp_path / "bench.png")
+    assert result.returncode == 0, result.stderr
+    assert "matplotlib" not in result.stderr
+    pixels = matplotlib.image.imread(tmp_path / "bench.png")
+    assert pixels.shape[0] > 200 and pixels.shape[1] > 600
+    assert (pixels[..., :3] < 0.5).mean() > 0.01  # text and bars, not a blank page
+
+
+def test_bench_plot_without_matplotlib_is_one_line_saying_how_to_install_it(tmp_path: Path) -> None:
+    script = "import sys; sys.modules['matplotlib'] = None; from cnnlab.cli import main; sys.exit(main(sys.argv[1:]))"
+    command = [sys.executable, "-c", script, "bench", "--rows", "cpu", "--plot", str(tmp_path / "bench.png")]
+    result = subprocess.run(command, env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=300)
+    message = assert_one_line_error(result)
+    assert f"--plot needs matplotlib: {sys.executable} -m pip install -e '{ROOT}[plot]'" in message
+    assert result.stdout == "" and not (tmp_path / "bench.png").exists()
 
 
 def test_bench_refuses_unknown_rows() -> None:

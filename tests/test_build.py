@@ -28,6 +28,7 @@ def test_build_makes_ptx_with_both_entry_points(tmp_path: Path) -> None:
 
 
 @needs_nvcc
+@pytest.mark.slow
 def test_build_rebuilds_only_when_stale(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for name in nvcc.SOURCES:
         shutil.copy(nvcc.kernel_source(name), tmp_path / name)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import SUBPROCESS_ENV, TIMING_LINE, assert_one_line_error, cnnlab, random_cnn, write_files
+from helpers import ROOT, SUBPROCESS_ENV, TIMING_LINE, assert_one_line_error, cnnlab, random_cnn, read_all_images, write_files
 
 from cnnlab.cpu import CpuBackend
 from cnnlab.generate import random_values
@@ -156,7 +156,9 @@ def test_cuda_without_pycuda_is_a_one_line_error(tmp_path: Path) -> None:
     else:
         pytest.skip("pycuda is installed here: tests/test_cuda.py covers the cuda mode")
     result = cnnlab("cuda", cwd=tmp_path)
-    assert "cuda mode needs pycuda: pip install 'cnnlab[cuda]'" in assert_one_line_error(result)
+    # In a checkout, the command that installs the extra into this checkout's environment.
+    hint = f"{sys.executable} -m pip install -e '{ROOT}[cuda]'"
+    assert f"the GPU path needs pycuda: {hint} (builds PyCUDA from source" in assert_one_line_error(result)
     assert not (tmp_path / "out").exists()
 
 
@@ -170,3 +172,68 @@ def test_without_the_native_parser_the_same_outputs_and_one_note(tmp_path: Path,
     assert result.returncode == 0, result.stderr
     assert result.stderr.startswith("cnnlab: note: the native CSV parser is not built") and result.stderr.count("\n") == 1
     assert (tmp_path / "python.csv").read_bytes() == (tmp_path / "native.csv").read_bytes()
+
+
+def test_version() -> None:
+    import cnnlab as package
+
+    result = cnnlab("--version")
+    assert result.returncode == 0 and result.stdout == f"cnnlab {package.__version__}\n" and result.stderr == ""
+
+
+def _in_a_terminal(args: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess[str], str]:
+    """Run the command line with stderr on a pseudo-terminal, the bar's delay and interval at zero; (result, what the terminal got)."""
+    import os
+    import pty
+
+    script = (
+        "import sys; from cnnlab.progress import Progress; Progress.DELAY_SECONDS = Progress.INTERVAL_SECONDS = 0; "
+        "from cnnlab.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    controller, terminal = pty.openpty()
+    try:
+        command = [sys.executable, "-c", script, *args]
+        process = subprocess.Popen(command, cwd=cwd, env=SUBPROCESS_ENV, stdout=subprocess.PIPE, stderr=terminal, text=True)
+        os.close(terminal)
+        seen = b""
+        while True:
+            try:
+                data = os.read(controller, 65536)
+            except OSError:  # EIO: every end of the terminal is closed
+                break
+            if not data:
+                break
+            seen += data
+        stdout = process.communicate(timeout=300)[0]
+    finally:
+        os.close(controller)
+    return subprocess.CompletedProcess(args, process.returncode, stdout, ""), seen.decode()
+
+
+BAR = re.compile(r"\r(cnnlab \w+): +(\d+)%\|[^|]{20}\| ([\d,]+)/([\d,]+) (\w+) \[\d\d:\d\d<(\d\d:\d\d|\?), [\d,]+ \w+/s\]")
+
+
+def test_progress_bar_in_a_terminal(tmp_path: Path, rng: np.random.Generator) -> None:
+    """Count, percentage, rate and time left on a terminal's stderr, cleared at the end; the timing line alone on stdout."""
+    result, seen = _in_a_terminal(["generate", "--images", "130", "--out-dir", str(tmp_path)], tmp_path)
+    assert result.returncode == 0
+    bars = BAR.findall(seen)
+    assert [bar[0] for bar in bars] == ["cnnlab generate"] * 3 and [bar[2] for bar in bars] == ["0", "64", "128"]
+    assert bars[1][1] == "49" and bars[1][3:5] == ("130", "images")
+    files = [str(tmp_path / name) for name in ("cnn.csv", "in.csv", "out.csv")]
+    result, seen = _in_a_terminal(["cpu", *files, "--batch", "50"], tmp_path)
+    assert result.returncode == 0 and TIMING_LINE.match(result.stdout)
+    bars = BAR.findall(seen)
+    assert [bar[:3] for bar in bars] == [("cnnlab cpu", "38", "50"), ("cnnlab cpu", "77", "100"), ("cnnlab cpu", "100", "130")]
+    assert seen.endswith("\r\x1b[K")  # the bar is cleared, as the run's last output
+    result, seen = _in_a_terminal(["convert", str(tmp_path / "in.csv"), str(tmp_path / "in.npy")], tmp_path)
+    assert result.returncode == 0 and BAR.findall(seen)[-1][:3] == ("cnnlab convert", "100", "130")
+    assert (np.load(tmp_path / "in.npy") == read_all_images(tmp_path / "in.csv")).all()
+
+
+def test_convert_says_a_cnn_file_is_one(tmp_path: Path, rng: np.random.Generator) -> None:
+    cnn_path, _ = write_files(tmp_path, random_cnn(rng), random_values(rng, 1, 100, 100))
+    message = assert_one_line_error(cnnlab("convert", cnn_path, tmp_path / "cnn.npy"))
+    assert f"{cnn_path}: this is a CNN file (10 lines of 25 filter values, then 10 of 4000 weights)" in message
+    assert "convert converts input files (N images) and output files (rows of values)" in message
+    assert not (tmp_path / "cnn.npy").exists()

@@ -3,33 +3,32 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from helpers import BAD_INPUTS, ROOT, TIMING_LINE, cnnlab, input_lines, random_cnn, read_all_images, why_no_gpu, write_files
+from helpers import (
+    BAD_INPUTS,
+    ROOT,
+    TIMING_LINE,
+    assert_lab_close,
+    cnnlab,
+    cpu_outputs,
+    input_lines,
+    random_cnn,
+    read_all_images,
+    why_no_gpu,
+    write_files,
+)
 
 from cnnlab import cli
 from cnnlab.compare import compare_files
-from cnnlab.cpu import CpuBackend
 from cnnlab.generate import random_values
 from cnnlab.network import Cnn, ImageBatch
 from cnnlab.resources import resource_dir
 
 WHY_NO_GPU = why_no_gpu()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(WHY_NO_GPU is not None, reason=str(WHY_NO_GPU))]
-
-
-def cpu_outputs(cnn: Cnn, images: np.ndarray) -> np.ndarray:
-    with CpuBackend(cnn) as backend:
-        return backend.compute(ImageBatch(images)).values
-
-
-def assert_lab_close(got: np.ndarray, want: np.ndarray) -> None:
-    """math.isclose with rel_tol 1e-9, value by value, and never a NaN (an output nobody wrote)."""
-    assert got.shape == want.shape
-    assert np.isfinite(got).all()
-    bad = np.abs(got - want) > 1e-9 * np.maximum(np.abs(got), np.abs(want))
-    assert not bad.any(), f"{bad.sum()} values differ, first at {np.argwhere(bad)[0]}: {got[bad][0]!r} vs {want[bad][0]!r}"
 
 
 def context(cnn: Cnn, batch_size: int | None = None, **config: int):
@@ -112,6 +111,24 @@ def test_too_large_a_chunk_falls_back_to_one_that_fits(rng: np.random.Generator)
     with context(cnn, 50, chunk_images=50_000_000, streams=1) as gpu:  # ~5.6 TB of device buffers
         assert gpu.chunk_images < 50_000_000
         assert_lab_close(gpu.compute(ImageBatch(images)).values, cpu_outputs(cnn, images))
+
+
+def test_a_lane_refills_its_staging_buffer_only_after_the_copy_out_of_it(rng: np.random.Generator) -> None:
+    """Pageable images go through a page-locked staging buffer per lane: each copy out of it is followed by the
+    event the next refill waits for. (Once never recorded, for a slice's base is the buffer, not its allocation:
+    a lane taking a second chunk in one call could overwrite images still on their way, now and then.)"""
+    cnn = random_cnn(rng)
+    images = random_values(rng, 64, 100, 100)
+    with context(cnn, 64, streams=2, chunk_images=8) as gpu:
+        recorded: list[object] = []
+        for lane in gpu._lanes:
+            event = lane._staging_free
+            lane._staging_free = SimpleNamespace(
+                record=lambda stream, event=event: (recorded.append(stream), event.record(stream)), synchronize=event.synchronize
+            )
+        got = gpu.compute(ImageBatch(images)).values
+    assert len(recorded) == 8
+    assert_lab_close(got, cpu_outputs(cnn, images))
 
 
 def test_a_cap_on_device_bytes_gives_smaller_chunks_and_the_same_results(rng: np.random.Generator) -> None:

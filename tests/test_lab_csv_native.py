@@ -85,6 +85,7 @@ def pad(rng: np.random.Generator, texts: list[str]) -> list[str]:
 # Values
 
 
+@pytest.mark.slow
 def test_a_million_random_doubles_in_repr_are_exact(rng: np.random.Generator) -> None:
     values = random_doubles(rng, 1_000_000)
     texts = list(map(repr, values.tolist()))

@@ -204,6 +204,7 @@ def _peak_rss_kb(*args: str | os.PathLike) -> int:
     return int(result.stdout.split()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads peak memory from Linux's /proc")
 @pytest.mark.parametrize("kind, small, large", [("csv", 1000, 5000), ("npy", 1500, 6000)])
 def test_peak_memory_does_not_grow_with_the_number_of_images(

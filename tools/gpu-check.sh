@@ -16,6 +16,9 @@
 #   crossover cpu against cuda on CSV files of 4 to 3,000 images: from how many images the GPU pays off
 #   parsers   the native CSV parser on 1..16 threads (MB/s) and csv.cu's kernels (GB/s of text), 1,000 images
 #   sweep     the page-locked row against the copy bound for a few chunk sizes and stream counts
+#   api       the Python API's tests (PyTorch and CuPy device arrays, out=), its device-array rate, and a wheel
+#             built here, installed into a fresh virtual environment with nvcc off the PATH, running cuda mode
+#             from outside the checkout (numpy for that environment: a wheel in .venvwheels/, as .wheelhouse's)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/gpu}
@@ -119,6 +122,43 @@ for stage in $stages; do
         echo "chunk $1, streams $2"
         cnnlab bench --rows pinned,bounds --chunk-images "$1" --streams "$2" --repeats 9
       done 2>&1 | tee "$OUT/sweep.log" || status=1 ;;
+    api)
+      python3 -m pytest -q -rs -p no:cacheprovider tests/test_api.py tests/test_api_gpu.py 2>&1 | tee "$OUT/api.log" || status=1
+      python3 - <<'PY' 2>&1 | tee -a "$OUT/api.log" || status=1
+import time, numpy as np, torch, cnnlab
+from cnnlab.network import Cnn, ImageBatch
+rng = np.random.default_rng()
+cnn = Cnn(rng.uniform(-10, 10, (10, 5, 5)), rng.uniform(-10, 10, (10, 4000)))
+images = torch.from_numpy(rng.uniform(-10, 10, (65536, 100, 100))).cuda()
+out = torch.empty((65536, 10), dtype=torch.float64, device="cuda")
+with cnnlab.CudaContext(cnn) as gpu:
+    resident = gpu.upload(ImageBatch(images.cpu().numpy()))
+    for name, run in (("forward(tensor, out=tensor)", lambda: gpu.forward(images, out=out)),
+                      ("forward(tensor) to numpy", lambda: gpu.forward(images)),
+                      ("compute_resident (bench's resident row)", lambda: gpu.compute_resident(resident))):
+        run()
+        times = []
+        for _ in range(7):
+            start = time.perf_counter(); run(); times.append(time.perf_counter() - start)
+        print(f"{name}: {65536 / sorted(times)[3]:,.0f} images/s (median of 7, 65,536 images)")
+    assert (out.cpu().numpy().view(np.uint64) == gpu.forward(images).view(np.uint64)).all()
+PY
+      rm -rf "$WORK/wheel" && mkdir -p "$WORK/wheel"
+      {
+        python3 -m pip wheel . --no-deps --no-build-isolation -w "$WORK/wheel/dist" 2>&1 | tail -2
+        python3 -m zipfile -l "$WORK/wheel/dist"/cnnlab-*.whl | grep -E "fatbin|_lab_csv|py.typed"
+        python3 -m venv --without-pip "$WORK/wheel/venv"  # this machine's pip installs into it (--python)
+        env -u PYTHONPATH python3 -m pip --python "$WORK/wheel/venv/bin/python" install -q --no-index --no-deps \
+          "$WORK/wheel/dist"/cnnlab-*.whl .wheelhouse/*.whl .venvwheels/*.whl
+        cd "$WORK/wheel"
+        # Only the environment's own bin on the PATH: no nvcc, and no checkout on the import path.
+        bare() { env -u PYTHONPATH PATH="$WORK/wheel/venv/bin" "$@"; }
+        bare python -c "import shutil, cnnlab; print('nvcc:', shutil.which('nvcc'), '| cnnlab from', cnnlab.__file__)"
+        bare cnnlab --version && bare cnnlab cuda && bare cnnlab cpu && bare cnnlab compare out/out.csv out/out_cuda.csv
+        cd - >/dev/null
+      } 2>&1 | tee "$OUT/wheel.log" || status=1
+      grep -q "Comparison finished" "$OUT/wheel.log" || status=1
+      rm -rf "$WORK/wheel" ;;
     long)
       cnnlab generate --images 1 --out-dir "$WORK/long"
       random_npy "$WORK/long/in.npy" 200000

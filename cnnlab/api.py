@@ -1,0 +1,121 @@
+"""cnnlab from Python: the lab's files read into numpy arrays, and the network run on them on the CPU or a
+GPU, through the same backends as the command line (cpu.py, cuda.py).
+
+Every problem is raised as one of cnnlab's exceptions (cnnlab/errors.py): ArrayError (also a
+ValueError) for an array that is not what was expected, InputFileError for a file, DeviceError
+where the GPU cannot run.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from cnnlab.arrays import device_array, host_images
+from cnnlab.cpu import CpuBackend
+from cnnlab.errors import ArrayError, UsageError
+from cnnlab.formats import ImageReader, open_images
+from cnnlab.labcsv import read_cnn
+from cnnlab.network import INPUT_DIM, OUT_LAYER_SIZE, Cnn, ImageBatch, require_finite
+from cnnlab.run import fill_images
+
+DEVICES = ("cpu", "cuda")
+
+
+def load_cnn(path: str | os.PathLike) -> Cnn:
+    """The CNN file at `path` (the lab's CSV layout). A Cnn is also made from arrays: `Cnn(filters, weights)`.
+
+    >>> cnn = load_cnn("data/cnn.csv")
+    >>> cnn.filters.shape, cnn.weights.shape
+    ((10, 5, 5), (10, 4000))
+    """
+    return read_cnn(path)
+
+
+def load_images(path: str | os.PathLike) -> np.ndarray:
+    """Every image of the input file at `path` as one (N, 100, 100) float64 array: the lab's CSV, or `.npy`
+    by its extension. For a file larger than memory, load_image_batches.
+
+    >>> load_images("data/in.csv").shape
+    (4, 100, 100)
+    """
+    with open_images(path) as reader:
+        images = np.empty((reader.count, INPUT_DIM, INPUT_DIM))
+        fill_images(reader, images, threading.Event())
+        _warn_trailing(path, reader)
+    return images
+
+
+def load_image_batches(path: str | os.PathLike, batch: int = 1024) -> Iterator[np.ndarray]:
+    """The images of the input file at `path`, `batch` at a time (fewer in the last): a new (n, 100, 100)
+    float64 array each, so that a file of any size is read in bounded memory.
+
+    >>> [len(images) for images in load_image_batches("data/in.csv", batch=3)]
+    [3, 1]
+    """
+    if batch < 1:
+        raise UsageError(f"batch must be a positive number of images, not {batch}")
+    with open_images(path) as reader:
+        while left := reader.count - reader.images_read:
+            images = np.empty((min(batch, left), INPUT_DIM, INPUT_DIM))
+            fill_images(reader, images, threading.Event())
+            yield images
+        _warn_trailing(path, reader)
+
+
+def _warn_trailing(path: str | os.PathLike, reader: ImageReader) -> None:
+    line = reader.trailing_data_line()
+    if line is not None:
+        warnings.warn(f"{path}:{line}: data after the {reader.count} matrices the first line announces is ignored", stacklevel=3)
+
+
+def forward(images: Any, cnn: Cnn, device: str = "cpu", out: Any = None) -> Any:
+    """The network's outputs for `images`: a (N, 10) float64 numpy array, or (10,) for one image.
+
+    `images` is one (100, 100) image or a batch (N, 100, 100) of anything numpy reads: a list, a view,
+    Fortran order; float32 and every other float or integer dtype are converted once to float64 (so
+    float32 inputs give the outputs of their float64 values). `device="cpu"` runs numpy, bit for bit
+    the lab's cpu.rs; `device="cuda"` runs the CUDA kernels, within the lab's comparison rule of it.
+    On the GPU, `images` may also be a device array (CuPy, a PyTorch CUDA tensor, Numba: anything with
+    `__cuda_array_interface__`), C-ordered float64, read where it lies, and `out` a float64 device
+    array of the result's shape that receives the outputs on the device (then returned). A wrong
+    shape or dtype, or a NaN or an infinity in the images, raises ArrayError.
+
+    Each call with device="cuda" starts the GPU's context, loads the kernels and allocates buffers;
+    for repeated calls, make them once: `with cnnlab.CudaContext(cnn) as gpu: gpu.forward(images)`.
+
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(459)
+    >>> cnn = Cnn(rng.uniform(-10, 10, (10, 5, 5)), rng.uniform(-10, 10, (10, 4000)))
+    >>> outputs = forward(rng.uniform(-10, 10, (3, 100, 100)).astype(np.float32), cnn)
+    >>> outputs.shape, outputs.dtype
+    ((3, 10), dtype('float64'))
+    >>> forward(rng.uniform(-10, 10, (100, 100)), cnn).shape
+    (10,)
+    """
+    if not isinstance(cnn, Cnn):
+        raise UsageError(f"cnn must be a cnnlab.Cnn (load_cnn(path), or Cnn(filters, weights)), not {type(cnn).__name__}")
+    if device == "cuda":
+        from cnnlab.cuda import CudaContext
+
+        with CudaContext(cnn) as gpu:
+            return gpu.forward(images, out)
+    if device != "cpu":
+        raise UsageError(f"device must be one of {', '.join(DEVICES)}, not {device!r}")
+    if out is not None:
+        raise ArrayError("out takes a device array, with device='cuda'; on the CPU, forward returns a new numpy array")
+    if device_array(images) is not None:
+        raise ArrayError("images lie in device memory: forward(..., device='cuda') reads them there; device='cpu' takes host arrays")
+    batch, single = host_images(images)
+    if not len(batch):
+        return np.empty((0, OUT_LAYER_SIZE))
+    batch = np.ascontiguousarray(batch, dtype=np.float64)
+    require_finite("images", batch)
+    with CpuBackend(cnn) as backend:
+        values = backend.compute(ImageBatch(batch)).values
+    return values[0] if single else values

@@ -1,0 +1,151 @@
+"""The Python API (`import cnnlab`) on the CPU: every input kind it takes against the plain-loop reference,
+the files it loads, the errors it raises; and the README's example."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import INPUT_KINDS, ROOT, random_cnn, write_files
+from reference import reference_forward
+
+import cnnlab
+from cnnlab.generate import random_values
+from cnnlab.labcsv import read_output_rows
+
+
+def reference(images: np.ndarray, cnn: cnnlab.Cnn) -> np.ndarray:
+    """The loop reference on the float64 values of `images`, shape (N, 10)."""
+    filters, weights = cnn.filters.tolist(), cnn.weights.tolist()
+    return np.array([reference_forward(image, filters, weights) for image in np.asarray(images, dtype=np.float64).tolist()])
+
+
+@pytest.mark.parametrize("kind", sorted(INPUT_KINDS))
+def test_every_input_kind_gives_the_loop_reference_bit_for_bit(rng: np.random.Generator, kind: str) -> None:
+    cnn = random_cnn(rng)
+    given = INPUT_KINDS[kind](random_values(rng, 3, 100, 100))
+    got = cnnlab.forward(given, cnn)
+    assert got.shape == (3, 10) and got.dtype == np.float64
+    assert got.tolist() == reference(np.asarray(given), cnn).tolist()  # its values converted to float64, then the lab's sums
+
+
+def test_one_image_gives_one_row(rng: np.random.Generator) -> None:
+    cnn = random_cnn(rng)
+    image = random_values(rng, 100, 100)
+    assert cnnlab.forward(image, cnn).tolist() == reference(image[None], cnn)[0].tolist()
+    assert cnnlab.forward(image.tolist(), cnn).shape == (10,)
+    assert cnnlab.forward(np.empty((0, 100, 100)), cnn).shape == (0, 10)
+
+
+def test_a_cnn_from_arrays_of_any_real_kind(rng: np.random.Generator) -> None:
+    filters, weights = random_values(rng, 10, 5, 5), random_values(rng, 10, 4000)
+    images = random_values(rng, 2, 100, 100)
+    exact = cnnlab.Cnn(filters, weights)
+    assert (exact.filters == filters).all() and exact.weights.flags.c_contiguous
+    from_lists = cnnlab.Cnn(filters.tolist(), np.asfortranarray(weights))
+    assert cnnlab.forward(images, from_lists).tolist() == reference(images, exact).tolist()
+    single = cnnlab.Cnn(filters.astype(np.float32), weights.astype(np.float32))
+    assert single.filters.dtype == np.float64
+    assert cnnlab.forward(images, single).tolist() == reference(images, single).tolist()
+
+
+def test_files_load_as_the_command_line_reads_them(tmp_path: Path, rng: np.random.Generator) -> None:
+    cnn = random_cnn(rng)
+    images = random_values(rng, 5, 100, 100)
+    cnn_path, input_path = write_files(tmp_path, cnn, images)
+    np.save(tmp_path / "in.npy", images)
+    loaded = cnnlab.load_cnn(cnn_path)
+    assert (loaded.filters == cnn.filters).all() and (loaded.weights == cnn.weights).all()
+    for path in (input_path, tmp_path / "in.npy"):
+        assert (cnnlab.load_images(path) == images).all()
+        batches = list(cnnlab.load_image_batches(path, batch=2))
+        assert [len(batch) for batch in batches] == [2, 2, 1]
+        assert (np.concatenate(batches) == images).all()
+        assert not np.shares_memory(batches[0], batches[1])  # each batch its own array
+    assert cnnlab.forward(cnnlab.load_images(input_path), loaded).tolist() == reference(images, cnn).tolist()
+
+
+def test_data_after_the_announced_images_is_a_warning(tmp_path: Path, rng: np.random.Generator) -> None:
+    _, input_path = write_files(tmp_path, random_cnn(rng), random_values(rng, 3, 100, 100))
+    input_path.write_text("2" + input_path.read_text()[1:])
+    with pytest.warns(UserWarning, match=r"in.csv:204: data after the 2 matrices"):
+        assert len(cnnlab.load_images(input_path)) == 2
+    with pytest.warns(UserWarning, match="data after the 2 matrices"):
+        assert sum(len(batch) for batch in cnnlab.load_image_batches(input_path, 1)) == 2
+
+
+class FakeDeviceArray:
+    """Anything with __cuda_array_interface__: the CPU path must refuse it, not read its pointer."""
+
+    __cuda_array_interface__ = {"shape": (2, 100, 100), "typestr": "<f8", "data": (1 << 20, False), "version": 3}
+
+
+@pytest.mark.parametrize(
+    "images, message",
+    [
+        (np.zeros((3, 100, 99)), r"images must be one image \(100, 100\) or a batch \(N, 100, 100\), not shape \(3, 100, 99\)"),
+        (np.zeros((100,)), r"not shape \(100,\)"),
+        (np.zeros((2, 1, 100, 100)), r"not shape \(2, 1, 100, 100\)"),
+        (np.zeros((2, 100, 100), dtype=complex), "must hold real numbers .* not complex128"),
+        (np.array([["a"] * 100] * 100), "must hold real numbers"),
+        (np.zeros((2, 100, 100), dtype=bool), "must hold real numbers"),
+        ([[1.0] * 100] * 99 + [[1.0] * 99], "not an array of numbers"),
+        (FakeDeviceArray(), r"device memory: forward\(\.\.\., device='cuda'\)"),
+    ],
+)
+def test_what_it_refuses_is_an_array_error_saying_what_was_expected(rng: np.random.Generator, images: object, message: str) -> None:
+    with pytest.raises(cnnlab.ArrayError, match=message):
+        cnnlab.forward(images, random_cnn(rng))
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_a_value_that_is_not_finite_is_named(rng: np.random.Generator, value: float) -> None:
+    images = random_values(rng, 4, 100, 100)
+    images[2, 31, 7] = value
+    with pytest.raises(cnnlab.ArrayError, match=re.escape(f"images hold {value} at index (2, 31, 7)")) as raised:
+        cnnlab.forward(images, random_cnn(rng))
+    assert isinstance(raised.value, ValueError) and isinstance(raised.value, cnnlab.CnnlabError)
+
+
+def test_a_cnn_that_is_not_what_the_network_needs_is_refused(rng: np.random.Generator) -> None:
+    filters, weights = random_values(rng, 10, 5, 5), random_values(rng, 10, 4000)
+    with pytest.raises(cnnlab.ArrayError, match=r"weights must have shape \(10, 4000\), not \(10, 3999\)"):
+        cnnlab.Cnn(filters, weights[:, :-1])
+    weights[3, 17] = np.nan
+    with pytest.raises(cnnlab.ArrayError, match=r"weights hold nan at index \(3, 17\)"):
+        cnnlab.Cnn(filters, weights)
+    with pytest.raises(cnnlab.UsageError, match="cnn must be a cnnlab.Cnn"):
+        cnnlab.forward(random_values(rng, 100, 100), (filters, weights))  # type: ignore[arg-type]
+
+
+def test_usage_errors(rng: np.random.Generator) -> None:
+    cnn, images = random_cnn(rng), random_values(rng, 1, 100, 100)
+    with pytest.raises(cnnlab.UsageError, match="device must be one of cpu, cuda, not 'gpu'"):
+        cnnlab.forward(images, cnn, device="gpu")
+    with pytest.raises(cnnlab.ArrayError, match="out takes a device array, with device='cuda'"):
+        cnnlab.forward(images, cnn, out=np.empty((1, 10)))
+    with pytest.raises(cnnlab.UsageError, match="batch must be a positive number"):
+        next(cnnlab.load_image_batches(ROOT / "data" / "in.csv", 0))
+
+
+def test_the_package_says_what_it_offers() -> None:
+    assert set(cnnlab.__all__) <= set(dir(cnnlab))
+    for name in cnnlab.__all__:
+        assert getattr(cnnlab, name) is not None
+    assert re.fullmatch(r"\d+\.\d+\.\d+", cnnlab.__version__)
+    assert (Path(cnnlab.__file__).parent / "py.typed").exists()
+    with pytest.raises(AttributeError):
+        cnnlab.no_such_name  # noqa: B018
+
+
+def test_the_readme_example_runs_and_gives_the_lab_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## From Python") :]
+    example = re.search(r"```python\n(.*?)```", section, re.S)[1]
+    assert len(example.strip().splitlines()) == 3
+    monkeypatch.chdir(ROOT)
+    names: dict[str, object] = {}
+    exec(example, names)
+    assert names["outputs"].tolist() == read_output_rows(ROOT / "data" / "out.csv")

@@ -1,0 +1,163 @@
+"""The Python API on the GPU (needs pycuda and a GPU; PyTorch and CuPy where installed): host arrays of every
+kind, device arrays read where they lie, outputs written into a caller's device array, and what is refused."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import INPUT_KINDS, assert_lab_close, cpu_outputs, random_cnn, why_no_gpu
+from reference import reference_forward
+
+import cnnlab
+from cnnlab.generate import random_values
+
+WHY_NO_GPU = why_no_gpu()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(WHY_NO_GPU is not None, reason=str(WHY_NO_GPU))]
+
+
+class Library:
+    """PyTorch or CuPy, seen through the few calls these tests make."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        if name == "torch":
+            torch = pytest.importorskip("torch")
+            if not torch.cuda.is_available():
+                pytest.skip("PyTorch sees no CUDA device")
+            self.module = torch
+        else:
+            self.module = pytest.importorskip("cupy")
+
+    def to_device(self, array: np.ndarray) -> Any:
+        if self.name == "torch":
+            return self.module.from_numpy(np.ascontiguousarray(array)).to("cuda")
+        return self.module.asarray(array)
+
+    def empty(self, shape: tuple[int, ...], dtype: Any = np.float64) -> Any:
+        if self.name == "torch":
+            return self.module.empty(shape, dtype=getattr(self.module, np.dtype(dtype).name), device="cuda")
+        return self.module.empty(shape, dtype=dtype)
+
+    def to_host(self, array: Any) -> np.ndarray:
+        return array.cpu().numpy() if self.name == "torch" else self.module.asnumpy(array)
+
+
+@pytest.fixture(params=["torch", "cupy"])
+def library(request: pytest.FixtureRequest) -> Library:
+    return Library(request.param)
+
+
+def bits(values: np.ndarray) -> list[int]:
+    return np.ascontiguousarray(values).view(np.uint64).ravel().tolist()
+
+
+def test_every_host_input_kind_against_the_loop_reference(rng: np.random.Generator) -> None:
+    cnn = random_cnn(rng)
+    filters, weights = cnn.filters.tolist(), cnn.weights.tolist()
+    with cnnlab.CudaContext(cnn) as gpu:
+        for kind, make in INPUT_KINDS.items():
+            given = make(random_values(rng, 3, 100, 100))
+            values = np.asarray(given, dtype=np.float64)
+            want = np.array([reference_forward(image, filters, weights) for image in values.tolist()])
+            got = gpu.forward(given)
+            assert got.dtype == np.float64, kind
+            assert_lab_close(got, want)
+            assert bits(got) == bits(gpu.forward(values)), kind  # converted as staged: the same bits as float64 input
+        image = random_values(rng, 100, 100)
+        assert bits(gpu.forward(image)) == bits(gpu.forward(image[None])[0])
+        assert gpu.forward(np.empty((0, 100, 100))).shape == (0, 10)
+    once = cnnlab.forward(values, cnn, device="cuda")
+    assert bits(once) == bits(got)
+
+
+def test_device_arrays_are_read_where_they_lie_and_outputs_written_there(rng: np.random.Generator, library: Library) -> None:
+    """More images than a chunk (683 by default), from device memory: the host path's bits; into a device out: the same bits,
+    so the device's sum of the segments adds as the host's numpy does."""
+    cnn = random_cnn(rng)
+    images = random_values(rng, 1500, 100, 100)
+    with cnnlab.CudaContext(cnn) as gpu:
+        from_host = gpu.forward(images)
+        on_device = library.to_device(images)
+        assert bits(gpu.forward(on_device)) == bits(from_host)
+        out = library.empty((1500, 10))
+        assert gpu.forward(on_device, out=out) is out
+        assert bits(library.to_host(out)) == bits(from_host)
+        out_from_host = library.empty((1500, 10))
+        gpu.forward(images, out=out_from_host)  # host images, device outputs
+        assert bits(library.to_host(out_from_host)) == bits(from_host)
+        tail = on_device[700:]  # a view that starts inside the allocation
+        assert bits(gpu.forward(tail)) == bits(from_host[700:])
+        one = library.empty((10,))
+        gpu.forward(on_device[3], out=one)
+        assert bits(library.to_host(one)) == bits(from_host[3])
+    assert_lab_close(from_host, cpu_outputs(cnn, images))
+    assert bits(cnnlab.forward(on_device, cnn, device="cuda")) == bits(from_host)
+
+
+def test_device_arrays_the_kernels_cannot_read_are_refused(rng: np.random.Generator, library: Library) -> None:
+    cnn = random_cnn(rng)
+    images = random_values(rng, 4, 100, 100)
+    on_device = library.to_device(images)
+    flat = library.to_device(random_values(rng, 4 * 10000 + 1))
+    if library.name == "torch":
+        single, transposed, misaligned = on_device.float(), on_device.transpose(1, 2), flat[1:].view(4, 100, 100)
+    else:
+        single, transposed, misaligned = on_device.astype(np.float32), on_device.transpose(0, 2, 1), flat[1:].reshape(4, 100, 100)
+    with cnnlab.CudaContext(cnn) as gpu:
+        want = gpu.forward(images)
+        for given, message in (
+            (single, r"device images must be float64 \('<f8'\), not '<f4'"),
+            (transposed, "device images must be C-contiguous"),
+            (misaligned, "device images must start on a 16-byte boundary"),
+            (library.to_device(images[:, :, :99].copy()), r"not shape \(4, 100, 99\)"),
+        ):
+            with pytest.raises(cnnlab.ArrayError, match=message):
+                gpu.forward(given)
+        for out, message in (
+            (library.empty((4, 10), np.float32), r"out must be a writable, C-contiguous float64 device array of shape \(4, 10\)"),
+            (library.empty((4, 11)), r"not '<f8' of shape \(4, 11\)"),
+            (library.empty((10, 4)).T, "with strides"),
+            (np.empty((4, 10)), "out must be a device array"),
+        ):
+            with pytest.raises(cnnlab.ArrayError, match=message):
+                gpu.forward(on_device, out=out)
+        unallocated = {"shape": (4, 100, 100), "typestr": "<f8", "data": (1 << 44, False), "version": 2}
+        nowhere = SimpleNamespace(__cuda_array_interface__=unallocated)
+        with pytest.raises(cnnlab.ArrayError, match="is not device memory of GPU 0's primary context"):
+            gpu.forward(nowhere)
+        interface = dict(on_device.__cuda_array_interface__, shape=(10**6, 100, 100))  # 80 GB: past any allocation
+        with pytest.raises(cnnlab.ArrayError, match="run past the end of their allocation"):
+            gpu.forward(SimpleNamespace(__cuda_array_interface__=interface))
+        with pytest.raises(cnnlab.ArrayError, match="device memory: forward"):
+            cnnlab.forward(on_device, cnn)  # device="cpu"
+        assert bits(gpu.forward(on_device)) == bits(want)  # the context is whole after every refusal
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_values_that_are_not_finite_are_found_by_the_kernel(rng: np.random.Generator, library: Library, value: float) -> None:
+    """-inf would even vanish in the ReLU: the convolution kernel flags it as it reads it."""
+    cnn = random_cnn(rng)
+    images = random_values(rng, 900, 100, 100)
+    images[801, 99, 98] = value
+    with cnnlab.CudaContext(cnn) as gpu:
+        with pytest.raises(cnnlab.ArrayError, match=r"images hold (nan|-?inf) at index \(801, 99, 98\)"):
+            gpu.forward(images)  # from the host: the host's copy names where
+        with pytest.raises(cnnlab.ArrayError, match="images hold a NaN or an infinity: the network takes finite values only"):
+            gpu.forward(library.to_device(images), out=library.empty((900, 10)))
+        images[801, 99, 98] = 1.0
+        assert_lab_close(gpu.forward(library.to_device(images)), cpu_outputs(cnn, images))  # the flag is cleared for the next call
+
+
+def test_finite_extremes_are_not_refused(rng: np.random.Generator) -> None:
+    """Values near the largest double are finite: their sums may overflow, as on the CPU, but the images are taken."""
+    cnn = random_cnn(rng)
+    images = random_values(rng, 2, 100, 100)
+    images[0, :5, :5] = 1.7e308
+    images[1, 0, :3] = [5e-324, -0.0, -1.7e308]
+    with cnnlab.CudaContext(cnn) as gpu:
+        got = gpu.forward(images)
+    want = cnnlab.forward(images, cnn)
+    assert (np.isnan(got) == np.isnan(want)).all() and (np.isinf(got) == np.isinf(want)).all()
