@@ -135,7 +135,7 @@ class DeviceSetup:
             module = self.driver.module_from_file(str(ensure_fatbin(build)))
             try:
                 symbol = module.get_global("filters")[0]
-            except self.driver.LogicError:  # this source reads its filters from global memory
+            except self.driver.Error:  # no such symbol: this source reads its filters from global memory
                 symbol = None
             if symbol is not None:
                 self.driver.memcpy_htod(symbol, self.cnn.filters)
