@@ -139,7 +139,7 @@ def format_ladder(report: BenchReport) -> str:
     """The optimization ladder: each rung's images/s (median, and the slowest..fastest repeat), GB/s of
     its own traffic model, its share of the device-to-device bound and of the FP64 peak, its speed-up
     over the rung below and its check; the peers beside it; and the best rung against the best peer."""
-    header = f"{'kernel':<44} {'images/s':>12} {'(slowest..fastest)':>23} {'GB/s':>7} {'of D2D':>7} {'of FP64':>8} {'x below':>8}  check"
+    header = f"{'kernel':<46} {'images/s':>12} {'(slowest..fastest)':>23} {'GB/s':>7} {'of D2D':>7} {'of FP64':>8} {'x below':>8}  check"
     lines, below = [header], None
     rows = [row for row in ratios(report) if row["row"] in LADDER_ROWS or row["key"] == "d2d"]
     rungs = [row for row in rows if row["row"] == "kernels" and row["key"] is None]
@@ -149,7 +149,7 @@ def format_ladder(report: BenchReport) -> str:
         gbs = f"{row['bytes_per_second'] / 1e9:,.0f}" if row["bytes_per_second"] else "-"
         speedup = f"{rate / below:.2f}" if row in rungs and below else "-"
         lines.append(
-            f"{row['name'][:44]:<44} {rate:>12,.0f} {spread:>23} {gbs:>7} {_percent(row['of_bound']):>7} "
+            f"{row['name'][:46]:<46} {rate:>12,.0f} {spread:>23} {gbs:>7} {_percent(row['of_bound']):>7} "
             f"{_percent(row['of_fp64']):>8} {speedup:>8}  {row['check'] or ''}"
         )
         below = rate if row in rungs else below
@@ -213,4 +213,4 @@ def _plot_ladder(axes: Any, report: BenchReport, rows: list[dict[str, Any]]) -> 
             axes.axvline(0.6 * row["images_per_second"], color="C3", linestyle=":", linewidth=1, label="60% of it")
     axes.set(xscale="log", xlabel="images/s, resident on the device (blue: cnnlab's rungs, orange: peers)",
              title=f"the optimization ladder, {report.device or ''}")
-    axes.legend(fontsize=7, loc="lower right")
+    axes.legend(fontsize=7, loc="upper right")

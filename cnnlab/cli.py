@@ -148,7 +148,8 @@ def _bench(args: argparse.Namespace) -> int:
     unknown = set(rows) - set(BenchOptions.rows)
     if unknown:
         raise UsageError(f"unknown bench rows {', '.join(sorted(unknown))}; choose from {','.join(BenchOptions.rows)}")
-    sweep = (1, 16, 256, 4096, args.images) if args.plot else ()
+    # The plot's batch-size sweep belongs to the batched rows; the ladder draws its own panel.
+    sweep = (1, 16, 256, 4096, args.images) if args.plot and {"pinned", "resident"} & set(rows) else ()
     options = BenchOptions(
         args.images,
         args.cpu_images,

@@ -33,10 +33,13 @@ GLOBAL_THREADS = 256  # rungs 2 and 3: threads per block, a thread per output
 TREE_THREADS, TREE_SEGMENTS = 256, 4  # rung 4's dense_tree
 SWEEP_BANDS = (2, 4, 8, 12)  # rung 5: conv2d_relu's bands per block (x 20 threads; 12 fills 48 KB of shared memory)
 SWEEP_THREADS = (64, 128, 256, 512, 1024)  # rung 5: dense_tree's threads per block
-BLOCK_SWEEP_BEST = (8, 256)  # rung 5's (bands, threads) for `cnnlab cuda`: the fastest pair of the H100 sweep
+BLOCK_SWEEP_BEST = (12, 128)  # rung 5's (bands, threads) for `cnnlab cuda`: the fastest pair of the H100 sweep (BENCHMARKS.md)
 COARSE_IMAGES, COARSE_THREADS, COARSE_SEGMENTS = 4, 256, 4  # rung 7
 FUSED_THREADS = 256  # rung 8
-FT_TILE_IMAGES, FT_STAGES = 16, 2  # rung 9: images per tile, shared-memory buffers taking turns
+# Rung 9: images per tile and shared-memory buffers taking turns. 8 x 2 leaves room for two blocks a
+# multiprocessor (108,800 bytes each), whose barriers then fall at different times; on the H100 it beat
+# 16 x 2 (one block of 186,112 bytes) and deeper pipelines of one block (tools/ladder_sweep.py, BENCHMARKS.md).
+FT_TILE_IMAGES, FT_STAGES = 8, 2
 MMA_IMAGES, MMA_THREADS = 32, 256  # rung 10's dense_mma: images per block, 8 warps
 BAND_DOUBLES = FILTER_DIM * INPUT_DIM
 MAP_SIZE = CONV_OUT_DIM * CONV_OUT_DIM  # patches per image
@@ -96,6 +99,7 @@ COARSE_BUILD = Build("ladder/07_coarsened.cu", {"COARSE_IMAGES": COARSE_IMAGES, 
 FUSED_BUILD = Build("ladder/08_fused.cu")
 FUSED_TILED_BUILD = Build("ladder/09_fused_tiled.cu", fused_tiled_sizes())
 MMA_BUILD = Build("ladder/10_im2col_mma.cu", {"MMA_IMAGES": MMA_IMAGES})
+FUSED_TILED_FMA_BUILD = Build("ladder/11_fused_tiled_fma.cu", fused_tiled_sizes(exact_conv=False))
 
 
 def sweep_build(bands: int) -> Build:
@@ -290,7 +294,7 @@ def fused(setup: DeviceSetup) -> Launcher:
 
 
 def fused_tiled(setup: DeviceSetup, build: Build = FUSED_TILED_BUILD) -> Launcher:
-    """Rung 9: tiles of images, their bands and the weights streamed through shared memory."""
+    """Rung 9 (and rung 11, `build` its FMA conv): tiles of images, their bands and the weights streamed through shared memory."""
     tile = build.sizes["FT_TILE_IMAGES"]
     return OneKernel(setup, build, "fused_tiled", tile * CONV_OUT_DIM, fused_tiled_shared_bytes(build.sizes), tile)
 
@@ -362,6 +366,9 @@ RUNGS = (
          CONV_EXACT, _traffic(1, round_trip=False), lambda setup, config: fused_tiled(setup), (FUSED_TILED_BUILD,)),
     Rung(10, "im2col_mma", MMA_BUILD.source, "im2col + GEMM on the FP64 tensor cores (mma.sync m8n8k4)", WITHIN_RULE,
          _traffic(1), lambda setup, config: Im2colMma(setup), (MMA_BUILD,), min_capability=(8, 0)),
+    Rung(11, "fused_tiled_fma", FUSED_TILED_FMA_BUILD.source, "rung 9 with FMAs in the conv: the price of bit-exactness",
+         WITHIN_RULE, _traffic(1, round_trip=False), lambda setup, config: fused_tiled(setup, FUSED_TILED_FMA_BUILD),
+         (FUSED_TILED_FMA_BUILD,)),
 )
 BY_NAME = {rung.name: rung for rung in RUNGS}
 

@@ -5,7 +5,7 @@ peers, each configured as its users would configure it:
 - PyTorch, im2col + two GEMMs: the patches are a reshape (stride = filter size), so the conv is a
   (images x 400, 25) x (25, 10) product and the dense layer (images, 4000) x (4000, 10), with the
   weights' rows permuted once so the conv's output needs no transpose;
-- that same function under `torch.compile(mode="max-autotune-no-cudagraphs")`;
+- that same function under `torch.compile(mode="max-autotune-no-cudagraphs")` ("compiled");
 - JAX `jit`, with x64 enabled, the conv as an einsum over the reshaped images.
 
 Run as `python -m cnnlab.peers FRAMEWORK --images N --repeats R [--seed S]`: one JSON object a line on
@@ -86,10 +86,9 @@ def torch_peers(images: np.ndarray, cnn: Cnn, want: np.ndarray, repeats: int) ->
 
     version = torch.__version__.split("+")[0]
     peers: list[tuple[str, Callable[[torch.Tensor], torch.Tensor]]] = [
-        (f"pytorch {version} eager conv2d", eager),
-        (f"pytorch {version} im2col + 2 GEMMs", gemms),
-        (f"pytorch {version} im2col + 2 GEMMs, torch.compile(max-autotune-no-cudagraphs)",
-         torch.compile(gemms, mode="max-autotune-no-cudagraphs")),
+        (f"torch {version} eager conv2d", eager),
+        (f"torch {version} im2col + 2 GEMMs", gemms),
+        (f"torch {version} compiled im2col + 2 GEMMs", torch.compile(gemms, mode="max-autotune-no-cudagraphs")),
     ]
     results = []
     with torch.no_grad():

@@ -54,6 +54,7 @@ ENTRY_POINTS = {
     "ladder/08_fused.cu": ("fused",),
     "ladder/09_fused_tiled.cu": ("fused_tiled",),
     "ladder/10_im2col_mma.cu": ("conv_mma", "dense_mma"),
+    "ladder/11_fused_tiled_fma.cu": ("fused_tiled",),
 }
 
 
@@ -68,7 +69,7 @@ def entry(ptx: str, name: str) -> str:
 
 
 def test_every_rung_is_registered_once_with_a_source_that_says_what_it_changes() -> None:
-    assert [rung.number for rung in ladder.RUNGS] == list(range(1, 11))
+    assert [rung.number for rung in ladder.RUNGS] == list(range(1, 12))
     assert len(ladder.BY_NAME) == len(ladder.RUNGS) and ladder.DEFAULT_KERNEL in ladder.BY_NAME
     for rung in ladder.RUNGS:
         text = nvcc.kernel_source(rung.source).read_text()
@@ -101,8 +102,11 @@ def test_each_rung_does_what_its_header_says(tmp_path: Path) -> None:
     tiled = ptx(ladder.FUSED_TILED_BUILD, "compute_90")
     assert "cp.async.cg.shared.global" in tiled and "fma.rn.f64" in tiled
     assert "cp.async" not in ptx(ladder.FUSED_TILED_BUILD, "compute_75")
-    # The bit-exact conv: separately rounded multiplies and adds, 250 of each for 10 filters (less the first adds).
-    assert (tiled.count("mul.rn.f64"), tiled.count("add.rn.f64")) == (250, 240)
+    # The bit-exact conv: separately rounded multiplies and adds, 250 of each for 10 filters (less the first adds);
+    # rung 11's: 10 multiplies, the rest FMAs (the dense layer's 100 besides).
+    assert (tiled.count("mul.rn.f64"), tiled.count("add.rn.f64"), tiled.count("fma.rn.f64")) == (250, 240, 100)
+    fma = ptx(ladder.FUSED_TILED_FMA_BUILD, "compute_90")
+    assert (fma.count("mul.f64"), fma.count("add.rn.f64"), fma.count("fma.rn.f64")) == (10, 0, 340)
     mma = ptx(ladder.MMA_BUILD, "compute_90")
     assert "mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64" in entry(mma, "conv_mma")
     assert "mma.sync.aligned.m8n8k4" in entry(mma, "dense_mma")
@@ -246,7 +250,7 @@ def test_bench_kernels_rows_hold_every_rung_checked(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "b.json").read_text())
     rungs = [figure for figure in report["figures"] if figure["row"] == "kernels" and figure["key"] is None]
-    assert [int(figure["name"].split()[0]) for figure in rungs] == list(range(1, 11))
+    assert [int(figure["name"].split()[0]) for figure in rungs] == list(range(1, 12))
     for figure in rungs:
         assert figure["check"] in ("bit-exact", "within rule"), figure
         assert 0 < figure["of_bound"] < 1.5 and figure["spread"][0] <= figure["images_per_second"] <= figure["spread"][1]

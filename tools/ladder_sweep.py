@@ -1,9 +1,8 @@
 #!/usr/bin/env python3
-"""Tune the ladder's top rung (fused_tiled, kernel/ladder/09_fused_tiled.cu) on a GPU: built at several
-tile sizes and stage counts, and as a probe with FMAs in the conv (FT_EXACT_CONV=0: not bit-exact,
-never the rung; it shows whether the FP64 pipe bounds the rung), each timed on the same resident
-images with CUDA events against the device-to-device copy of those images, its outputs checked
-against the CPU's under the lab's rule.
+"""Tune the ladder's top rungs (fused_tiled and fused_tiled_fma, kernel/ladder/09_fused_tiled.cu) on a
+GPU: built at several tile sizes and stage counts, with the bit-exact conv (rung 9) and with FMAs in
+the conv (FT_EXACT_CONV=0, rung 11), each timed on the same resident images with CUDA events against
+the device-to-device copy of those images, its outputs checked against the CPU's under the lab's rule.
 
     python tools/ladder_sweep.py [--images N] [--repeats R] [--seed S]
 
@@ -29,9 +28,9 @@ from cnnlab.errors import CnnlabError  # noqa: E402
 from cnnlab.generate import random_values  # noqa: E402
 from cnnlab.network import IMAGE_BYTES, Cnn, ImageBatch  # noqa: E402
 
-# (images per tile, stages, exact conv): 16 x 2 is the rung; 8-image tiles leave room for more stages
-# or two blocks a multiprocessor; the FMA probes are the same shapes with half the conv's FP64 work.
-VARIANTS = ((16, 2, True), (8, 2, True), (8, 3, True), (8, 4, True), (16, 2, False), (8, 3, False))
+# (images per tile, stages, exact conv): 8 x 2 is the rungs' shape (two blocks a multiprocessor); 16 x 2
+# fits one block, 8 x 3 and 8 x 4 one block with a deeper pipeline.
+VARIANTS = ((8, 2, True), (16, 2, True), (8, 3, True), (8, 2, False), (16, 2, False), (8, 3, False))
 CHECK_IMAGES = 256
 
 
@@ -54,7 +53,7 @@ def main() -> int:
             sizes = ladder.fused_tiled_sizes(tile, stages, exact)
             build = ladder.Build(ladder.FUSED_TILED_BUILD.source, sizes, f"t{tile}s{stages}{'' if exact else 'fma'}")
             shared = ladder.fused_tiled_shared_bytes(sizes)
-            name = f"tile {tile:>2}, {stages} stages, {'exact conv' if exact else 'FMA conv (probe)'}"
+            name = f"tile {tile:>2}, {stages} stages, {'exact conv' if exact else 'FMA conv'}"
             try:
                 with device_errors(f"cannot load {build.variant}"):
                     launcher = ladder.fused_tiled(context.setup, build)

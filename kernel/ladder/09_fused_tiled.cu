@@ -20,16 +20,17 @@
 // distinct bank pairs. After the 20th band a tile's sums are added across its 20 columns in shared
 // memory, in a fixed order, and written as one partial per neuron (segments = 1).
 //
-// Exactness: the conv is bit-exact (conv_relu_exact, cpu.rs's order, no FMA); the dense sums run
+// Exactness: the conv is bit-exact (cpu.rs's order for each filter, no FMA); the dense sums run
 // per column over bands and filters with FMAs, then across columns: within the lab's rule.
 //
 // Napkin math per image: 80,000 bytes read once from device memory, 80 written; 320 KB /
-// FT_TILE_IMAGES of weights from L2 (20 KB at 16). 100,000 multiplies and 100,000 adds for the
+// FT_TILE_IMAGES of weights from L2 (40 KB at 8). 100,000 multiplies and 100,000 adds for the
 // conv (separately rounded) and 40,000 FMAs: 240,000 FP64 instructions, 280,000 FLOPs. On an
-// H100 (132 SMs x 64 FP64 lanes x ~1.8 GHz = ~15 T instructions/s) that is ~16 us per million
+// H100 (132 SMs x 64 FP64 lanes x 1.98 GHz = 16.7 T instructions/s) that is ~14 us per million
 // images, against ~27 us per million to read them at the device-to-device rate (~3.0 TB/s): bound
-// by memory, with arithmetic at about 60% of the FP64 pipe at that bound. The bound it is measured
-// against: reading each image once at the device-to-device copy rate.
+// by memory, with the FP64 pipe over half busy at that bound, so arithmetic must overlap the
+// copies well. The bound it is measured against: reading each image once at the device-to-device
+// copy rate.
 #include "../cnn.h"
 
 #if !defined(FT_TILE_IMAGES) || !defined(FT_STAGES) || !defined(FT_IMAGE_STRIDE) || !defined(FT_EXACT_CONV)
@@ -45,8 +46,9 @@ static_assert(FT_IMAGE_STRIDE % 2 == 0 && FT_IMAGE_STRIDE >= BAND_DOUBLES, "16-b
 
 __constant__ double filters[CONV_LAYER_SIZE * FILTER_TAPS];
 
-// FT_EXACT_CONV=0 is a probe for tools/ladder_sweep.py, never the rung: the conv's sums as FMAs, half
-// its FP64 instructions and no longer bit-exact, to measure whether the FP64 pipe bounds the rung.
+// One filter over one patch, then ReLU: bit-exact (conv_relu_exact) unless FT_EXACT_CONV is 0, as
+// rung 11 builds this file: then the 25 products are summed by FMAs, in cpu.rs's order but each
+// product unrounded, which halves the conv's FP64 instructions and gives up its bit-exactness.
 __device__ __forceinline__ double conv_relu(const double (&taps)[FILTER_TAPS], const double *filter)
 {
 #if FT_EXACT_CONV
