@@ -211,6 +211,6 @@ def _plot_ladder(axes: Any, report: BenchReport, rows: list[dict[str, Any]]) -> 
         if row["key"] == "d2d":
             axes.axvline(row["images_per_second"], color="C3", linestyle="--", linewidth=1, label="device-to-device copy bound")
             axes.axvline(0.6 * row["images_per_second"], color="C3", linestyle=":", linewidth=1, label="60% of it")
-    axes.set(xscale="log", xlabel="images/s, resident on the device (blue: cnnlab's rungs, orange: peers)",
-             title=f"the optimization ladder, {report.device or ''}")
+    title = f"the optimization ladder, {report.device or ''}"
+    axes.set(xscale="log", xlabel="images/s, resident (blue: rungs, orange: peers)", title=title)
     axes.legend(fontsize=7, loc="upper right")
