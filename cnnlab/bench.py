@@ -27,7 +27,7 @@ import numpy as np
 from cnnlab import ladder
 from cnnlab.benchreport import GPU_ROWS, BenchOptions, BenchReport, Figure, median_rate
 from cnnlab.benchtext import bench_csv, bench_reader
-from cnnlab.compare import lab_close
+from cnnlab.compare import rule_verdict
 from cnnlab.cpu import CpuBackend
 from cnnlab.errors import CnnlabError
 from cnnlab.generate import random_values
@@ -142,8 +142,7 @@ def check_outputs(got: np.ndarray, want: np.ndarray, exactness: str) -> str:
     got = got[: len(want)]
     if exactness == ladder.BIT_EXACT and (got.view(np.uint64) == want.view(np.uint64)).all():
         return "bit-exact"
-    close = lab_close(got, want)
-    verdict = "within rule" if close.all() else f"{int((~close).sum())} of {close.size} values outside the rule"
+    verdict = rule_verdict(got, want)
     return verdict if exactness != ladder.BIT_EXACT else f"NOT bit-exact ({verdict})"
 
 

@@ -22,6 +22,12 @@ def lab_close(a: np.ndarray, b: np.ndarray, rel_tol: float = DEFAULT_REL_TOL, ab
     return (a == b) | (np.abs(a - b) <= np.maximum(rel_tol * np.maximum(np.abs(a), np.abs(b)), abs_tol))
 
 
+def rule_verdict(got: np.ndarray, want: np.ndarray) -> str:
+    """`within rule` where every value passes the lab's comparison, else how many do not."""
+    close = lab_close(got, want)
+    return "within rule" if close.all() else f"{int((~close).sum())} of {close.size} values outside the rule"
+
+
 @dataclass(frozen=True)
 class Comparison:
     """What compare found: `problem` is None when the files match."""

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from cnnlab.compare import lab_close
+from cnnlab.compare import rule_verdict
 from cnnlab.cpu import CpuBackend
 from cnnlab.generate import random_values
 from cnnlab.network import CONV_LAYER_SIZE, CONV_OUT_DIM, FILTER_DIM, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM, Cnn, ImageBatch
@@ -51,14 +51,8 @@ class PeerResult:
     skipped: str | None = None
 
 
-def check(outputs: np.ndarray, want: np.ndarray) -> str:
-    """`within rule` where every value passes the lab's comparison, else how many do not."""
-    close = lab_close(outputs[: len(want)], want)
-    return "within rule" if close.all() else f"{int((~close).sum())} of {close.size} values outside the rule"
-
-
 def _result(name: str, rates: list[float], outputs: np.ndarray, want: np.ndarray) -> PeerResult:
-    return PeerResult(name, statistics.median(rates), min(rates), max(rates), check(outputs, want))
+    return PeerResult(name, statistics.median(rates), min(rates), max(rates), rule_verdict(outputs[: len(want)], want))
 
 
 def torch_peers(images: np.ndarray, cnn: Cnn, want: np.ndarray, repeats: int) -> list[PeerResult]:

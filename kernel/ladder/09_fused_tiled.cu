@@ -30,7 +30,7 @@
 // images, against ~27 us per million to read them at the device-to-device rate (~3.0 TB/s): bound
 // by memory, with the FP64 pipe over half busy at that bound, so arithmetic must overlap the
 // copies well. The bound it is measured against: reading each image once at the device-to-device
-// copy rate.
+// copy rate. Measured on the H100 (BENCHMARKS.md): 77% of it; rung 11 shows what holds it there.
 #include "../cnn.h"
 
 #if !defined(FT_TILE_IMAGES) || !defined(FT_STAGES) || !defined(FT_IMAGE_STRIDE) || !defined(FT_EXACT_CONV)
