@@ -19,9 +19,10 @@ from cnnlab.errors import UsageError
 from cnnlab.filesafety import AtomicOutput
 from cnnlab.resources import install_command
 
-ROWS = ("cpu", "reader", "csv", "lab", "pinned", "resident", "bounds", "torch")
+ROWS = ("cpu", "reader", "csv", "lab", "pinned", "resident", "bounds", "kernels", "peers")
 GPU_ROWS = ("lab", "pinned", "resident", "bounds")
 REFERENCES = ("loadtxt",)  # keys of figures that others are multiples of: a peer's speed, not a hardware bound
+LADDER_ROWS = ("kernels", "peers")  # shown in the ladder's own table
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,8 @@ class Figure:
     key: str | None = None  # for the figures others are measured against: "h2d", "d2d", "loadtxt"
     bytes_per_image: float | None = None  # bytes moved per image through what bounds the path
     flops_per_image: float | None = None
+    spread: tuple[float, float] | None = None  # images/s of the slowest and the fastest repeat
+    check: str | None = None  # how the outputs compared with the CPU backend's, where they were checked
 
     @property
     def bytes_per_second(self) -> float | None:
@@ -57,6 +60,7 @@ class BenchOptions:
     sweep: tuple[int, ...] = ()  # batch sizes for the plot
     chunk_images: int | None = None  # the CUDA context's chunk and stream count; None: LaunchConfig's
     streams: int | None = None
+    check_images: int = 256  # images whose outputs each rung of the ladder is checked on against the CPU
 
 
 @dataclass
@@ -76,6 +80,7 @@ class BenchReport:
     sweep: Sweep = field(default_factory=Sweep)
     notes: list[str] = field(default_factory=list)
     device: str | None = None
+    fp64_peak: float | None = None  # FLOP/s of the device's FP64 units (not its tensor cores), where known
     machine: str = field(default_factory=platform.machine)
     python: str = field(default_factory=platform.python_version)
     numpy: str = np.__version__
@@ -106,6 +111,7 @@ def ratios(report: BenchReport) -> list[dict[str, Any]]:
                 "flops_per_second": figure.flops_per_second,
                 "of_bound": figure.images_per_second / bound.images_per_second if bound else None,
                 "of_lab": figure.images_per_second / lab if lab else None,
+                "of_fp64": figure.flops_per_second / report.fp64_peak if report.fp64_peak and figure.flops_per_second else None,
             }
         )
     return rows
@@ -121,8 +127,12 @@ def relative_text(row: dict[str, Any]) -> str:
 
 
 def format_table(report: BenchReport) -> str:
+    """Every figure but the ladder's, then the ladder's table where there is one, then the notes."""
     lines = [f"{'figure':<66} {'MB/s':>10} {'images/s':>14} {'relative to':>17} {'x lab':>8}"]
-    for row in ratios(report):
+    rows = ratios(report)
+    for row in rows:
+        if row["row"] in LADDER_ROWS:
+            continue
         of_lab = f"{row['of_lab']:.1f}" if row["of_lab"] is not None else "-"
         rate = f"{row['bytes_per_second'] / 1e6:,.0f}" if row["bytes_per_second"] else "-"
         lines.append(f"{row['name'][:66]:<66} {rate:>10} {row['images_per_second']:>14,.0f} {relative_text(row):>17} {of_lab:>8}")
@@ -131,6 +141,8 @@ def format_table(report: BenchReport) -> str:
             "relative to: a share of the bound the row names (h2d, d2d: the copy bounds; read, h2d-text: the CSV bounds), "
             "or a multiple of a reference (loadtxt: numpy.loadtxt on the same file)"
         )
+    if any(row["row"] in LADDER_ROWS for row in rows):
+        lines += ["", format_ladder(report)]
     lines += [f"note: {note}" for note in report.notes]
     return "\n".join(lines)
 
@@ -147,6 +159,39 @@ def import_pyplot() -> Any:
     return plt
 
 
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def format_ladder(report: BenchReport) -> str:
+    """The optimization ladder: each rung's images/s (median, and the slowest..fastest repeat), GB/s of
+    its own traffic model, its share of the device-to-device bound and of the FP64 peak, its speed-up
+    over the rung below and its check; the peers beside it; and the best rung against the best peer."""
+    header = f"{'kernel':<46} {'images/s':>12} {'(slowest..fastest)':>23} {'GB/s':>7} {'of D2D':>7} {'of FP64':>8} {'x below':>8}  check"
+    lines, below = [header], None
+    rows = [row for row in ratios(report) if row["row"] in LADDER_ROWS or row["key"] == "d2d"]
+    rungs = [row for row in rows if row["row"] == "kernels" and row["key"] is None]
+    for row in rows:
+        rate = row["images_per_second"]
+        spread = "" if row["spread"] is None else f"({row['spread'][0]:,.0f}..{row['spread'][1]:,.0f})"
+        gbs = f"{row['bytes_per_second'] / 1e9:,.0f}" if row["bytes_per_second"] else "-"
+        speedup = f"{rate / below:.2f}" if row in rungs and below else "-"
+        lines.append(
+            f"{row['name'][:46]:<46} {rate:>12,.0f} {spread:>23} {gbs:>7} {_percent(row['of_bound']):>7} "
+            f"{_percent(row['of_fp64']):>8} {speedup:>8}  {row['check'] or ''}"
+        )
+        below = rate if row in rungs else below
+    best = max(rungs, key=lambda row: row["images_per_second"], default=None)
+    peer = max((row for row in rows if row["row"] == "peers"), key=lambda row: row["images_per_second"], default=None)
+    if best is not None:
+        rate = best["images_per_second"]
+        summary = f"best rung: {best['name']}, {rate:,.0f} images/s, {_percent(best['of_bound'])} of the D2D bound"
+        if peer is not None:
+            summary += f", {rate / peer['images_per_second']:.2f}x the best peer ({peer['name']})"
+        lines.append(summary)
+    return "\n".join(lines)
+
+
 def write_report(report: BenchReport, json_path: str | None, plot_path: str | None) -> None:
     if json_path:
         with AtomicOutput(json_path) as out:
@@ -161,11 +206,14 @@ def draw_plot(report: BenchReport) -> Any:
     """The figure `bench --plot` saves: each row's images/s beside its bound or reference, on a log scale, and,
     where the GPU ran, images/s against the images per compute() call."""
     plt = import_pyplot()
-    rows = ratios(report)
-    keyed = {row["key"]: row for row in rows if row["key"]}
+    every_row = ratios(report)
+    keyed = {row["key"]: row for row in every_row if row["key"]}
+    rows = [row for row in every_row if row["row"] not in LADDER_ROWS]
+    ladder = [row for row in every_row if row["row"] in LADDER_ROWS and row["key"] is None]
     sweeps = {name: points for name, points in asdict(report.sweep).items() if points}
-    panels = 2 if sweeps else 1
-    figure, axes = plt.subplots(1, panels, figsize=(8 + 5 * (panels - 1), 1.2 + 0.35 * max(len(rows), 4)), squeeze=False)
+    panels = 1 + bool(sweeps) + bool(ladder)
+    height = 1.2 + 0.35 * max(len(rows), len(ladder), 4)
+    figure, axes = plt.subplots(1, panels, figsize=(8 + 6 * (panels - 1), height), squeeze=False)
     bars = axes[0][0]
     positions = range(len(rows))[::-1]  # the table's order, top to bottom
     bars.barh(list(positions), [row["images_per_second"] for row in rows], color="C0")
@@ -192,5 +240,23 @@ def draw_plot(report: BenchReport) -> Any:
             sweep.axhline(row["images_per_second"], color=f"C{color}", linestyle="--", linewidth=1, label=row["name"][:50])
         sweep.set(xscale="log", yscale="log", xlabel="images per compute() call", ylabel="images/s", title="batch sweep")
         sweep.legend(fontsize=7, loc="lower right")
+    if ladder:
+        _plot_ladder(axes[0][panels - 1], report, every_row)
     figure.tight_layout()
     return figure
+
+
+def _plot_ladder(axes: Any, report: BenchReport, rows: list[dict[str, Any]]) -> None:
+    """The ladder as bars of images/s (log scale), the peers beside them, the device-to-device bound and 60% of it as lines."""
+    bars = [row for row in rows if row["row"] in LADDER_ROWS and row["key"] is None]
+    colors = ["C0" if row["row"] == "kernels" else "C1" for row in bars]
+    axes.barh(range(len(bars)), [row["images_per_second"] for row in bars], color=colors)
+    axes.set_yticks(range(len(bars)), [row["name"].removeprefix("peer: ")[:48] for row in bars], fontsize=7)
+    axes.invert_yaxis()
+    for row in rows:
+        if row["key"] == "d2d":
+            axes.axvline(row["images_per_second"], color="C3", linestyle="--", linewidth=1, label="device-to-device copy bound")
+            axes.axvline(0.6 * row["images_per_second"], color="C3", linestyle=":", linewidth=1, label="60% of it")
+    title = f"the optimization ladder, {report.device or ''}"
+    axes.set(xscale="log", xlabel="images/s, resident (blue: rungs, orange: peers)", title=title)
+    axes.legend(fontsize=7, loc="upper right")

@@ -22,6 +22,7 @@ from cnnlab import __version__, interrupts
 from cnnlab.errors import STANDARD_STREAM, CnnlabError, DeviceLostError, OutputFileError, ResourceError, UsageError
 from cnnlab.filesafety import AtomicOutput, output_target, refuse_same_file
 from cnnlab.labcsv import read_cnn
+from cnnlab.ladder import BY_NAME, DEFAULT_KERNEL
 from cnnlab.network import Backend, Cnn
 from cnnlab.resources import resource_dir
 from cnnlab.run import run_network
@@ -66,15 +67,15 @@ def _nonnegative_float(text: str) -> float:
     return value
 
 
-def make_backend(mode: str, cnn: Cnn, batch_size: int | None, host_parse: bool = False) -> Backend:
-    """The backend for `mode`; the CUDA one is imported only when asked for."""
+def make_backend(mode: str, cnn: Cnn, batch_size: int | None, host_parse: bool = False, kernel: str | None = None) -> Backend:
+    """The backend for `mode`; the CUDA one, running rung `kernel` of the ladder, is imported only when asked for."""
     if mode == "cpu":
         from cnnlab.cpu import CpuBackend
 
         return CpuBackend(cnn, batch_size)
-    from cnnlab.cuda import CudaContext
+    from cnnlab.cuda import CudaContext, LaunchConfig
 
-    return CudaContext(cnn, batch_size, parse_csv=not host_parse)
+    return CudaContext(cnn, batch_size, LaunchConfig(kernel=kernel or DEFAULT_KERNEL), parse_csv=not host_parse)
 
 
 def _warn_trailing(input_path: str | os.PathLike, images: int, line: int | None) -> None:
@@ -102,7 +103,7 @@ def _run(args: argparse.Namespace) -> int:
         refuse_same_file(args.timing_json, {"input file": input_path, "CNN file": cnn_path, "output file": output_path})
         output_target(args.timing_json)
     cnn = read_cnn(cnn_path)
-    with make_backend(args.mode, cnn, args.batch, args.host_parse) as backend:
+    with make_backend(args.mode, cnn, args.batch, args.host_parse, args.kernel) as backend:
         interrupts.raise_if_received()  # the backend's modules were imported just now
         stats = run_network(backend, input_path, output_path, read_ahead=args.read_ahead)
         device = backend.device
@@ -174,7 +175,8 @@ def _bench(args: argparse.Namespace) -> int:
         from cnnlab.benchreport import import_pyplot
 
         import_pyplot()  # before minutes of measuring: without matplotlib, one line saying how to install it
-    sweep = (1, 16, 256, 4096, args.images) if args.plot else ()
+    # The plot's batch-size sweep belongs to the batched rows; the ladder draws its own panel.
+    sweep = (1, 16, 256, 4096, args.images) if args.plot and {"pinned", "resident"} & set(rows) else ()
     options = BenchOptions(
         args.images,
         args.cpu_images,
@@ -234,7 +236,15 @@ def build_parser() -> argparse.ArgumentParser:
                 action="store_true",
                 help="parse CSV input on the host's cores, as cpu mode does, instead of on the GPU (the default)",
             )
-        run.set_defaults(handler=_run, mode=mode, host_parse=False)
+            run.add_argument(
+                "--kernel",
+                choices=list(BY_NAME),
+                default=DEFAULT_KERNEL,
+                metavar="NAME",
+                help=f"the rung of the optimization ladder that computes (README; default {DEFAULT_KERNEL}, the design card's "
+                f"conv2d_relu + flattened_to_dense): {', '.join(BY_NAME)}",
+            )
+        run.set_defaults(handler=_run, mode=mode, host_parse=False, kernel=None)
 
     gen = commands.add_parser(
         "generate",
@@ -281,8 +291,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Measure each path in images/s (median of --repeats after a warm-up, fresh random data): "
         "cpu, the CSV reader in MB/s against numpy.loadtxt, "
         "the lab's one image per launch, batched from page-locked memory, resident on the device, the "
-        "host-to-device and device-to-device copy bounds, and PyTorch float64 as a peer when it is installed. "
-        "Without a GPU only the cpu and reader rows run.",
+        "host-to-device and device-to-device copy bounds, the optimization ladder (kernels: every rung's kernels "
+        "on resident images, with GB/s, share of the device-to-device bound and of the FP64 peak, and its check "
+        "against the CPU) and the peers (PyTorch eager, im2col + GEMMs, torch.compile, JAX jit, all float64, "
+        "each skipped with its reason where not installed). Without a GPU only the cpu and reader rows run.",
     )
     for option, default, what in (
         ("--images", defaults.images, "images for the GPU rows"),

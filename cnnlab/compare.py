@@ -17,6 +17,17 @@ DEFAULT_REL_TOL = 1e-9
 DEFAULT_ABS_TOL = 0.0
 
 
+def lab_close(a: np.ndarray, b: np.ndarray, rel_tol: float = DEFAULT_REL_TOL, abs_tol: float = DEFAULT_ABS_TOL) -> np.ndarray:
+    """Value by value, whether a and b are close by the lab's rule (a NaN never is)."""
+    return (a == b) | (np.abs(a - b) <= np.maximum(rel_tol * np.maximum(np.abs(a), np.abs(b)), abs_tol))
+
+
+def rule_verdict(got: np.ndarray, want: np.ndarray) -> str:
+    """`within rule` where every value passes the lab's comparison, else how many do not."""
+    close = lab_close(got, want)
+    return "within rule" if close.all() else f"{int((~close).sum())} of {close.size} values outside the rule"
+
+
 @dataclass(frozen=True)
 class Comparison:
     """What compare found: `problem` is None when the files match."""
@@ -55,7 +66,7 @@ def compare_files(
     line_starts = np.concatenate([[0], np.cumsum([len(row) for row in rows_a])])
     diff = np.abs(a - b)
     larger = np.maximum(np.abs(a), np.abs(b))
-    close = (a == b) | (diff <= np.maximum(rel_tol * larger, abs_tol))
+    close = lab_close(a, b, rel_tol, abs_tol)
     with np.errstate(divide="ignore", invalid="ignore"):
         rel = np.where(diff == 0.0, 0.0, diff / larger)
     max_abs = float(diff.max(initial=0.0))

@@ -2,8 +2,8 @@
 
 - `Allocator` (lanes.py) owns device and page-locked host memory: what it gives out it can take
   back, and whatever is still out when the context closes it frees;
-- `Lane` (lanes.py) schedules one chunk at a time on its own stream: images in, both kernels,
-  partials out;
+- `Lane` (lanes.py) schedules one chunk at a time on its own stream: images in, the kernels of the
+  chosen rung of the ladder (ladder.py; by default the design card's two), partials out;
 - `CudaContext` owns the driver context, the modules, the weights, the lanes and the allocator,
   and frees them in order, the context last.
 
@@ -30,8 +30,20 @@ import numpy as np
 
 from cnnlab.arrays import DeviceArray, check_device_images, check_device_outputs, device_array, host_images
 from cnnlab.errors import ArrayError, DeviceError, DeviceLostError
-from cnnlab.kernels import DENSE_MAX_THREADS, Conv2dRelu, FlattenedToDense, SumSegments
-from cnnlab.lanes import Allocator, ChunkSource, CsvText, DeviceOutputs, HostImages, HostOutputs, Lane, OutputSink, ResidentImages
+from cnnlab.kernels import DENSE_MAX_THREADS, SumSegments
+from cnnlab.ladder import BY_NAME, DEFAULT_KERNEL, KERNEL_BUILD, DeviceSetup, Launcher, launcher
+from cnnlab.lanes import (
+    Allocator,
+    ChunkSource,
+    CsvText,
+    DeviceOutputs,
+    HostImages,
+    HostOutputs,
+    Lane,
+    OutputSink,
+    ResidentImages,
+    lane_bytes,
+)
 from cnnlab.network import (
     IMAGE_BYTES,
     INPUT_DIM,
@@ -58,8 +70,10 @@ DEFAULT_TEXT_BATCH_IMAGES = 512
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """How the work is spread: lanes (streams), images per chunk, segments, thread-block counts."""
+    """How the work is spread: the rung of the ladder that runs, lanes (streams), images per chunk, and for
+    the default rung its segments and thread-block counts."""
 
+    kernel: str = DEFAULT_KERNEL
     streams: int = 3
     chunk_images: int | None = None  # None: the batch dealt evenly over the lanes, so one batch already overlaps
     segments: int = 4  # partial sums per output: flattened_to_dense's gridDim.y
@@ -69,6 +83,8 @@ class LaunchConfig:
     lane_bytes_cap: int | None = None  # the most device memory the lanes may take; None: what is free
 
     def __post_init__(self) -> None:
+        if self.kernel not in BY_NAME:
+            raise ValueError(f"unknown kernel {self.kernel!r}; choose from {', '.join(BY_NAME)}")
         if self.streams < 1 or (self.chunk_images is not None and self.chunk_images < 1):
             raise ValueError(f"invalid launch configuration {self}")
         if not 1 <= self.segments <= OUT_NEURON_DIM // 2:
@@ -131,6 +147,18 @@ class DeviceImages:
 
 
 @dataclass(frozen=True)
+class KernelTiming:
+    """A rung's kernels over resident images: each timed run's seconds (CUDA events) and the last run's outputs."""
+
+    seconds: list[float]
+    outputs: OutputBatch
+
+    @property
+    def images_per_second(self) -> float:
+        return len(self.outputs) / statistics.median(self.seconds)
+
+
+@dataclass(frozen=True)
 class CopyRates:
     """The copy bounds in bytes per second: host-to-device from page-locked memory, device-to-device (read + written)."""
 
@@ -173,19 +201,17 @@ class CudaContext:
             self._context.push()
         try:
             self.device = device.name()
-            sm_count = device.get_attribute(driver.device_attribute.MULTIPROCESSOR_COUNT)
             with device_errors(f"cannot load {modules.cnn}"):
                 self._module = driver.module_from_file(str(modules.cnn))
                 self._csv_module = driver.module_from_file(str(modules.csv))
-                self._conv = Conv2dRelu(self._module, sm_count, self.config.conv_blocks)
-                self._dense = FlattenedToDense(
-                    self._module, sm_count, self.config.segments, self.config.dense_threads, self.config.dense_blocks
-                )
-                self._sum_segments = SumSegments(self._module, sm_count, self.config.segments)
                 driver.memcpy_htod(self._module.get_global("filters")[0], cnn.filters)
                 self._weights = self._memory.device(cnn.weights.nbytes)
                 driver.memcpy_htod(self._weights, cnn.weights)
-                self._nonfinite = self._memory.device(4)  # conv2d_relu's flag: an image value was NaN or infinite
+            with device_errors(f"cannot load kernel {self.config.kernel}"):
+                self.setup = DeviceSetup(driver, device, self._memory, cnn, self._weights)
+                self.setup.add_module(KERNEL_BUILD, self._module)
+                self._launcher: Launcher = launcher(self.config.kernel, self.setup, self.config)
+                self._sum_segments = SumSegments(self._module, self.setup.sm_count, self._launcher.segments)
             self._make_lanes()
         except BaseException:
             self.close()
@@ -196,12 +222,11 @@ class CudaContext:
         streams, cap = self.config.streams, self.config.lane_bytes_cap
         while True:
             try:
-                lane_bytes = self._chunk * (IMAGE_BYTES + OUT_NEURON_DIM * 8 + self.config.segments * OUT_LAYER_SIZE * 8)
-                if cap is not None and streams * lane_bytes > cap:
+                if cap is not None and streams * lane_bytes(self._chunk, self._launcher) > cap:
                     raise DeviceError(f"{streams} lanes of {self._chunk} images need more than {cap} bytes")
                 with device_errors("cannot allocate device buffers"):
                     for _ in range(streams):
-                        self._lanes.append(Lane(self._driver, self._memory, self._chunk, self.config.segments))
+                        self._lanes.append(Lane(self._driver, self._memory, self._chunk, self._launcher))
                 return
             except DeviceError:
                 self._free_lanes()
@@ -284,9 +309,13 @@ class CudaContext:
             source: ChunkSource = HostImages(host, self._chunk, page_locked)
         else:
             source = ResidentImages(source_array.address, self._chunk)
+        if host is not None and not self._launcher.checks_finite:
+            require_finite("images", host)  # this rung's kernels do not look: the host does, before the copy
         try:
             if target is None:
                 values = self._run(count, source, check_finite=True).values
+                if source_array is not None and not self._launcher.checks_finite and not np.isfinite(values).all():
+                    raise nonfinite_error("images", "a NaN or an infinity (found in their outputs)")
                 return values[0] if single else values
             self._schedule(count, source, self._chunk, DeviceOutputs(self._sum_segments, target.address, self._chunk), True)
             return out
@@ -345,9 +374,10 @@ class CudaContext:
         lanes = len(self._lanes)
         chunks = math.ceil(count / chunk)
         flag = np.zeros(1, np.int32)
+        check_finite = check_finite and self._launcher.checks_finite
         with device_errors("CUDA error while computing"):
             if check_finite:
-                self._driver.memset_d32(self._nonfinite, 0, 1)
+                self._driver.memset_d32(self.setup.nonfinite, 0, 1)
             for first in range(0, chunks, lanes):
                 round_ = range(first, min(first + lanes, chunks))
                 for index in round_:
@@ -355,11 +385,11 @@ class CudaContext:
                 for index in round_:
                     lane = self._lanes[index % lanes]
                     images = min(chunk, count - index * chunk)
-                    lane.run(self._conv, self._dense, source.images(lane, index), self._weights, images, self._nonfinite)
+                    lane.run(self._launcher, source.images(lane, index), images)
                     outputs.take(lane, index, images)
             outputs.finish(self._lanes)
             if check_finite:
-                self._driver.memcpy_dtoh(flag, self._nonfinite)
+                self._driver.memcpy_dtoh(flag, self.setup.nonfinite)
         if flag[0]:
             raise nonfinite_error("images")
 
@@ -370,38 +400,75 @@ class CudaContext:
                 if self._host_partials is not None:
                     self._memory.free(self._host_partials)
                     self._host_partials = None
-                self._host_partials = self._memory.host((chunks, self.config.segments, self._chunk, OUT_LAYER_SIZE))
+                self._host_partials = self._memory.host((chunks, self._launcher.segments, self._chunk, OUT_LAYER_SIZE))
                 no_timing = self._driver.event_flags.DISABLE_TIMING
                 self._chunk_done += [self._driver.Event(no_timing) for _ in range(chunks - len(self._chunk_done))]
         return self._host_partials
 
+    def time_kernels(self, rung: Launcher, images: DeviceImages, repeats: int) -> KernelTiming:
+        """`rung`'s kernels over resident images as one chunk, timed with CUDA events: a warm-up run, then
+        `repeats` timed runs; the outputs are the last run's partials added up on the host as _run adds them."""
+        driver, count = self._driver, images.count
+        with device_errors("CUDA error while timing kernels"):
+            conv_out = self._memory.device(count * OUT_NEURON_DIM * 8) if rung.needs_conv_out else None
+            partials = self._memory.device(rung.segments * count * OUT_LAYER_SIZE * 8)
+            try:
+                stream, start, end = driver.Stream(), driver.Event(), driver.Event()
+                driver.memset_d8_async(partials, 0xFF, rung.segments * count * OUT_LAYER_SIZE * 8, stream)  # NaN: unwritten shows
+                rung(stream, int(images.allocation), conv_out, partials, count, count)
+                seconds = []
+                for _ in range(repeats):
+                    start.record(stream)
+                    rung(stream, int(images.allocation), conv_out, partials, count, count)
+                    end.record(stream)
+                    end.synchronize()
+                    seconds.append(end.time_since(start) / 1e3)
+                host = np.empty((rung.segments, count, OUT_LAYER_SIZE))
+                driver.memcpy_dtoh(host, partials)
+            finally:
+                for allocation in (conv_out, partials):
+                    if allocation is not None:
+                        self._memory.free(allocation)
+        return KernelTiming(seconds, OutputBatch(np.sum(host, axis=0)))
+
     def copy_rates(self, host: np.ndarray, images: DeviceImages | None, repeats: int) -> CopyRates:
-        """The copy bounds, timed with CUDA events: `host` (page-locked) to the device, and `images` within
-        it (device_to_device is 0.0 without them)."""
-        driver, nbytes = self._driver, host.nbytes
+        """The copy bounds: `host` (page-locked) to the device, and `images` within it (device_to_device is
+        0.0 without them)."""
+
+        def copy(target: Any, stream: Any) -> None:
+            self._driver.memcpy_htod_async(target, host, stream)
+
+        h2d = host.nbytes / self._copy_seconds(host.nbytes, copy, repeats)
+        return CopyRates(h2d, self.device_copy_rate(images, repeats) if images is not None else 0.0)
+
+    def device_copy_rate(self, images: DeviceImages, repeats: int) -> float:
+        """Bytes per second (read + written) of copying `images` within the device: the bound of the resident figures."""
+        nbytes = images.count * IMAGE_BYTES
+
+        def copy(target: Any, stream: Any) -> None:
+            self._driver.memcpy_dtod_async(target, images.allocation, nbytes, stream)
+
+        return 2 * nbytes / self._copy_seconds(nbytes, copy, repeats)
+
+    def _copy_seconds(self, nbytes: int, copy: Callable[[Any, Any], None], repeats: int) -> float:
+        """The median seconds of `copy(target, stream)` into a fresh device buffer of `nbytes`, timed with
+        CUDA events after a warm-up."""
+        driver = self._driver
         with device_errors("cannot time the copy bounds"):
             target = self._memory.device(nbytes)
             try:
                 stream, start, end = driver.Stream(), driver.Event(), driver.Event()
-
-                def seconds(copy: Callable[[], None]) -> float:
-                    copy()
-                    times = []
-                    for _ in range(repeats):
-                        start.record(stream)
-                        copy()
-                        end.record(stream)
-                        end.synchronize()
-                        times.append(end.time_since(start) / 1e3)
-                    return statistics.median(times)
-
-                h2d = nbytes / seconds(lambda: driver.memcpy_htod_async(target, host, stream))
-                d2d = 0.0
-                if images is not None:
-                    d2d = 2 * nbytes / seconds(lambda: driver.memcpy_dtod_async(target, images.allocation, nbytes, stream))
+                copy(target, stream)
+                times = []
+                for _ in range(repeats):
+                    start.record(stream)
+                    copy(target, stream)
+                    end.record(stream)
+                    end.synchronize()
+                    times.append(end.time_since(start) / 1e3)
             finally:
                 self._memory.free(target)
-        return CopyRates(h2d, d2d)
+        return statistics.median(times)
 
     def _free_lanes(self) -> None:
         for lane in self._lanes:
@@ -420,7 +487,7 @@ class CudaContext:
                 self._free_lanes()
                 self._memory.free_all()
                 self._host_partials, self._chunk_done = None, []
-                self._conv = self._dense = self._sum_segments = self._module = self._csv_module = None
+                self._launcher = self.setup = self._sum_segments = self._module = self._csv_module = None
         finally:
             self._context.pop()
             self._context.detach()

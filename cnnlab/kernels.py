@@ -21,9 +21,9 @@ DENSE_MAX_THREADS = 1024  # flattened_to_dense's largest thread block (its share
 BLOCKS_PER_SM = 8  # grid-stride kernels: enough resident thread blocks to hide memory latency
 
 
-def nvcc_defines() -> list[str]:
-    """Every size kernel.cu uses, as nvcc -D flags."""
-    sizes = {
+def kernel_sizes() -> dict[str, int]:
+    """Every size kernel.cu uses, by the name nvcc gets it as."""
+    return {
         "INPUT_DIM": INPUT_DIM,
         "FILTER_DIM": FILTER_DIM,
         "CONV_LAYER_SIZE": CONV_LAYER_SIZE,
@@ -33,7 +33,11 @@ def nvcc_defines() -> list[str]:
         "CONV_BANDS_PER_BLOCK": CONV_BANDS_PER_BLOCK,
         "DENSE_MAX_THREADS": DENSE_MAX_THREADS,
     }
-    return [f"-D{name}={value}" for name, value in sizes.items()]
+
+
+def nvcc_defines(sizes: dict[str, int] | None = None) -> list[str]:
+    """kernel_sizes() as nvcc -D flags, with `sizes` added or put in their place (the ladder's builds)."""
+    return [f"-D{name}={value}" for name, value in {**kernel_sizes(), **(sizes or {})}.items()]
 
 
 def device_bytes_per_image(segments: int) -> int:
@@ -43,16 +47,21 @@ def device_bytes_per_image(segments: int) -> int:
 
 class Conv2dRelu:
     """conv2d_relu(images, conv_out, count, nonfinite): convolution and ReLU, a thread per output column of a
-    band; sets the int at `nonfinite` to 1 where an image holds a NaN or an infinity."""
+    band; sets the int at `nonfinite` to 1 where an image holds a NaN or an infinity.
 
-    def __init__(self, module: Any, sm_count: int, blocks: int | None = None) -> None:
+    `bands`: the CONV_BANDS_PER_BLOCK the module was built with (the ladder's block sweep builds others)."""
+
+    def __init__(self, module: Any, sm_count: int, blocks: int | None = None, bands: int = CONV_BANDS_PER_BLOCK) -> None:
         self._function = module.get_function("conv2d_relu")
         self._function.prepare("PPiP")
         self._max_blocks = blocks or sm_count * BLOCKS_PER_SM
+        self._bands = bands
 
     def __call__(self, stream: Any, images: Any, conv_out: Any, count: int, nonfinite: Any) -> None:
-        grid = (min(math.ceil(count * CONV_OUT_DIM / CONV_BANDS_PER_BLOCK), self._max_blocks), 1)
-        self._function.prepared_async_call(grid, (CONV_THREADS, 1, 1), stream, images, conv_out, np.int32(count), nonfinite)
+        grid = (min(math.ceil(count * CONV_OUT_DIM / self._bands), self._max_blocks), 1)
+        self._function.prepared_async_call(
+            grid, (self._bands * CONV_OUT_DIM, 1, 1), stream, images, conv_out, np.int32(count), nonfinite
+        )
 
 
 class FlattenedToDense:

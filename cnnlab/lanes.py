@@ -18,7 +18,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from cnnlab.csv_gpu import STATUS_DTYPE, CsvParser, host_values, read_status, scratch_bytes
-from cnnlab.kernels import Conv2dRelu, FlattenedToDense, SumSegments
+from cnnlab.kernels import SumSegments
+from cnnlab.ladder import Launcher
 from cnnlab.network import IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM
 
 
@@ -65,15 +66,21 @@ class Allocator:
             self.free(allocation)
 
 
-class Lane:
-    """A stream and the device buffers of one chunk: its images in, both kernels, its partials out."""
+def lane_bytes(chunk: int, launcher: Launcher) -> int:
+    """Device memory one lane takes: its images, the activations where the kernels pass them on, its partials."""
+    per_image = IMAGE_BYTES + (OUT_NEURON_DIM * 8 if launcher.needs_conv_out else 0) + launcher.segments * OUT_LAYER_SIZE * 8
+    return chunk * per_image
 
-    def __init__(self, driver: Any, memory: Allocator, chunk: int, segments: int) -> None:
+
+class Lane:
+    """A stream and the device buffers of one chunk: its images in, the rung's kernels, its partials out."""
+
+    def __init__(self, driver: Any, memory: Allocator, chunk: int, launcher: Launcher) -> None:
         self.stream = driver.Stream()
         self.driver, self.memory, self.chunk = driver, memory, chunk
         self.images = memory.device(chunk * IMAGE_BYTES)
-        self.conv_out = memory.device(chunk * OUT_NEURON_DIM * 8)
-        self.partials = memory.device(segments * chunk * OUT_LAYER_SIZE * 8)
+        self.conv_out = memory.device(chunk * OUT_NEURON_DIM * 8) if launcher.needs_conv_out else None
+        self.partials = memory.device(launcher.segments * chunk * OUT_LAYER_SIZE * 8)
         self._staging: np.ndarray | None = None  # page-locked images on their way in, made on first need
         self._staging_free = driver.Event()  # the last copy out of the staging buffer has finished
         self.text: CsvOnDevice | None = None  # the GPU CSV parser's buffers, made on first need
@@ -93,9 +100,8 @@ class Lane:
         if self._staging is not None and np.may_share_memory(images, self._staging):
             self._staging_free.record(self.stream)
 
-    def run(self, conv: Conv2dRelu, dense: FlattenedToDense, images: int, weights: Any, count: int, nonfinite: Any) -> None:
-        conv(self.stream, images, self.conv_out, count, nonfinite)
-        dense(self.stream, self.conv_out, weights, self.partials, count, self.chunk)
+    def run(self, launcher: Launcher, images: int, count: int) -> None:
+        launcher(self.stream, images, self.conv_out, self.partials, count, self.chunk)
 
     def copy_out(self, partials: np.ndarray, done: Any) -> None:
         """Copy the chunk's partials to page-locked `partials` and record `done` when they are there."""

@@ -4,6 +4,9 @@ A fatbin holds machine code for the common architectures (Turing to Hopper), so 
 it at once instead of compiling PTX at every start (a JIT that cost a large part of cuda mode's
 start-up), and compute_75 PTX as the fallback for any newer GPU, which the driver compiles once and
 keeps in its cache. `build_ptx` gives the PTX alone, for reading what the compiler made of the sizes.
+
+The optimization ladder's kernels (kernel/ladder/, cnnlab/ladder.py) are built the same way, one
+fatbin per `Build`: a source and the -D sizes of its own, added to the network's.
 """
 
 from __future__ import annotations
@@ -13,13 +16,18 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cnnlab.errors import CnnlabError, DeviceError
 from cnnlab.kernels import nvcc_defines
 from cnnlab.resources import is_checkout, resource_dir
+
+if TYPE_CHECKING:
+    from cnnlab.ladder import Build
 
 DEFAULT_ARCH = "compute_75"  # the oldest architecture CUDA 13 supports: its PTX runs on any GPU CUDA 13 does
 MACHINE_ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90")
@@ -31,6 +39,8 @@ PACKAGE_BUILD_HINT = (
 )
 # The Python files and headers that define what the kernels are built with: a change there is a change of the kernels.
 INPUTS = (Path(__file__).with_name("network.py"), Path(__file__).with_name("kernels.py"))
+# A ladder kernel also takes sizes from ladder.py, and may include any source of kernel/ or kernel/ladder/.
+LADDER_INPUTS = (Path(__file__).with_name("ladder.py"),)
 
 
 @dataclass(frozen=True)
@@ -45,19 +55,20 @@ def kernel_source(name: str = "kernel.cu") -> Path:
     return resource_dir("kernel") / name
 
 
-def is_stale(source: Path, built: Path) -> bool:
-    """True when `built` is missing or older than `source`, the headers beside it or the files that define its sizes."""
-    inputs = (source, *source.parent.glob("*.h"), *INPUTS)
+def is_stale(source: Path, built: Path, extra: Sequence[Path] = ()) -> bool:
+    """True when `built` is missing or older than `source`, the headers beside it, `extra` or the files that define its sizes."""
+    inputs = (source, *source.parent.glob("*.h"), *extra, *INPUTS)
     return not built.exists() or built.stat().st_mtime < max(path.stat().st_mtime for path in inputs)
 
 
-def _nvcc(source: Path, target: Path, flags: list[str]) -> Path:
-    """Run nvcc on `source` with `flags`, writing `target` atomically, so a failed build leaves no half file."""
+def _nvcc(source: Path, target: Path, flags: list[str], sizes: Mapping[str, int] | None = None) -> Path:
+    """Run nvcc on `source` with `flags` and the sizes as -D flags, writing `target` atomically, so a
+    failed build leaves no half file."""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         raise DeviceError(f"nvcc not found on PATH: cannot build {target} from {source}; install the CUDA toolkit")
     partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    command = [nvcc, *flags, "-O3", "-std=c++17", f"-I{source.parent}", *nvcc_defines(), "-o", str(partial), str(source)]
+    command = [nvcc, *flags, "-O3", "-std=c++17", f"-I{source.parent}", *nvcc_defines(dict(sizes or {})), "-o", str(partial), str(source)]
     try:
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
@@ -69,16 +80,38 @@ def _nvcc(source: Path, target: Path, flags: list[str]) -> Path:
     return target
 
 
-def build_ptx(source: Path, ptx: Path, arch: str = DEFAULT_ARCH) -> Path:
+def build_ptx(source: Path, ptx: Path, arch: str = DEFAULT_ARCH, sizes: Mapping[str, int] | None = None) -> Path:
     """PTX for one virtual architecture."""
-    return _nvcc(source, ptx, ["-ptx", f"-arch={arch}"])
+    return _nvcc(source, ptx, ["-ptx", f"-arch={arch}"], sizes)
 
 
-def build_fatbin(source: Path, fatbin: Path, archs: Sequence[str] = MACHINE_ARCHS) -> Path:
+def build_fatbin(source: Path, fatbin: Path, archs: Sequence[str] = MACHINE_ARCHS, sizes: Mapping[str, int] | None = None) -> Path:
     """Machine code for `archs` and DEFAULT_ARCH's PTX, in one fatbin."""
     targets = [f"-gencode=arch=compute_{arch[3:]},code={arch}" for arch in archs]
     ptx = f"-gencode=arch={DEFAULT_ARCH},code={DEFAULT_ARCH}"
-    return _nvcc(source, fatbin, ["-fatbin", *targets, ptx])
+    return _nvcc(source, fatbin, ["-fatbin", *targets, ptx], sizes)
+
+
+def ladder_inputs(source: Path) -> list[Path]:
+    """What a ladder kernel may include: every source of kernel/ and kernel/ladder/, and ladder.py."""
+    kernel = source.parent.parent
+    return [*kernel.glob("*.cu"), *kernel.glob("*.h"), *source.parent.glob("*.cu"), *LADDER_INPUTS]
+
+
+def fatbin_path(build: Build) -> Path:
+    source = kernel_source(build.source)
+    return source.with_name(f"{source.stem}{'.' + build.variant if build.variant else ''}.fatbin")
+
+
+def ensure_fatbin(build: Build) -> Path:
+    """The fatbin of one ladder build, built first where missing or stale (the rule of ensure_modules)."""
+    source, fatbin = kernel_source(build.source), fatbin_path(build)
+    if is_stale(source, fatbin, ladder_inputs(source)):
+        if shutil.which("nvcc") is None or not os.access(fatbin.parent, os.W_OK):
+            state = "missing" if not fatbin.exists() else f"older than {build.source}"
+            raise DeviceError(f"{fatbin} is {state}: {BUILD_HINT}")
+        build_fatbin(source, fatbin, sizes=build.sizes)
+    return fatbin
 
 
 def ensure_modules() -> Modules:
@@ -101,20 +134,29 @@ def ensure_modules() -> Modules:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python build.py [--arch sm_XX ...] [--force]`: build the kernels' fatbins where they are stale."""
-    parser = argparse.ArgumentParser(prog="build.py", description="Compile kernel/*.cu to fatbins with nvcc.")
+    """`python build.py [--arch sm_XX ...] [--force] [--no-ladder]`: build the kernels' fatbins where they are stale."""
+    from cnnlab.ladder import every_build
+
+    parser = argparse.ArgumentParser(prog="build.py", description="Compile kernel/*.cu and kernel/ladder/*.cu to fatbins with nvcc.")
     parser.add_argument("--arch", action="append", help=f"machine architecture, repeatable (default {' '.join(MACHINE_ARCHS)})")
     parser.add_argument("--force", action="store_true", help="build even where the fatbins are newer than their sources")
+    parser.add_argument("--no-ladder", action="store_true", help="only the CNN's and the CSV parser's kernels, not the ladder's")
     args = parser.parse_args(argv)
+    archs = args.arch or MACHINE_ARCHS
+
+    def build(source: Path, fatbin: Path, sizes: Mapping[str, int], extra: Sequence[Path]) -> str:
+        if args.force or args.arch or is_stale(source, fatbin, extra):
+            build_fatbin(source, fatbin, archs, sizes)
+            return f"built {fatbin} ({', '.join(archs)} and {DEFAULT_ARCH} PTX)"
+        return f"{fatbin} is up to date"
+
+    jobs = [(kernel_source(name), kernel_source(name).with_suffix(".fatbin"), {}, ()) for name in SOURCES]
+    if not args.no_ladder:
+        jobs += [(kernel_source(b.source), fatbin_path(b), b.sizes, ladder_inputs(kernel_source(b.source))) for b in every_build()]
     try:
-        for name in SOURCES:
-            source = kernel_source(name)
-            fatbin = source.with_suffix(".fatbin")
-            if args.force or args.arch or is_stale(source, fatbin):
-                build_fatbin(source, fatbin, args.arch or MACHINE_ARCHS)
-                print(f"built {fatbin} ({', '.join(args.arch or MACHINE_ARCHS)} and {DEFAULT_ARCH} PTX)", file=sys.stderr)
-            else:
-                print(f"{fatbin} is up to date", file=sys.stderr)
+        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:  # one nvcc per core
+            for line in pool.map(lambda job: build(*job), jobs):
+                print(line, file=sys.stderr)
     except CnnlabError as error:
         print(f"build.py: {error}", file=sys.stderr)
         return 2

@@ -14,6 +14,12 @@
 //                                   does, into a caller's device array
 //   outputs  [batch][10]            sum_segments' result
 //
+// Rung 6 of the optimization ladder (warp_shuffle, README "The optimization ladder"; the rungs in
+// kernel/ladder/): what changes from rung 5 (block_sweep) and why: flattened_to_dense reads its
+// activations and weights 16 bytes at a time, and reduces each warp's sums with shuffles (register
+// to register, no shared memory, no barrier) instead of a shared-memory tree; only the warps' totals
+// meet in shared memory.
+//
 // Napkin math per image: 80,000 bytes of input read, 32,000 written and read back between the
 // kernels, 80 * segments bytes of partials out: ~144 KB of device memory traffic, so at ~3 TB/s
 // about 48 ns, ~20 million images/s. 100,000 + 40,000 multiply-adds: 0.28 MFLOP, 5.6 TFLOP/s at
@@ -21,12 +27,10 @@
 
 // Every size below comes from cnnlab/network.py and cnnlab/kernels.py, passed by the build step as
 // -D flags (cnnlab.kernels.nvcc_defines()); they are defined there once, never here.
-#if !defined(INPUT_DIM) || !defined(FILTER_DIM) || !defined(CONV_LAYER_SIZE) || !defined(CONV_OUT_DIM) || \
-    !defined(OUT_NEURON_DIM) || !defined(OUT_LAYER_SIZE) || !defined(CONV_BANDS_PER_BLOCK) || !defined(DENSE_MAX_THREADS)
+#if !defined(CONV_BANDS_PER_BLOCK) || !defined(DENSE_MAX_THREADS)
 #error "kernel sizes missing: build with `python build.py`, which passes them as -D flags"
 #endif
-#define FILTER_TAPS (FILTER_DIM * FILTER_DIM)
-#define BAND_DOUBLES (FILTER_DIM * INPUT_DIM)  // 5 image rows: all the input of one output row
+#include "cnn.h"  // the other sizes' guard, conv_relu_exact, block_totals
 
 // The filters are read by every thread at the same time and address: constant memory broadcasts them.
 __constant__ double filters[CONV_LAYER_SIZE * FILTER_TAPS];
@@ -69,24 +73,15 @@ conv2d_relu(const double *__restrict__ images, double *__restrict__ conv_out, in
         __syncthreads();
 
         if (band_in_tile < bands) {
-            const double *patch = reinterpret_cast<const double *>(tile) + band_in_tile * BAND_DOUBLES + c * FILTER_DIM;
             double taps[FILTER_TAPS];
-#pragma unroll
-            for (int t = 0; t < FILTER_TAPS; ++t)
-                taps[t] = patch[(t / FILTER_DIM) * INPUT_DIM + t % FILTER_DIM];
-
+            load_taps(taps, reinterpret_cast<const double *>(tile) + band_in_tile * BAND_DOUBLES + c * FILTER_DIM, INPUT_DIM);
             const long long band = first + band_in_tile;
             const long long image = band / CONV_OUT_DIM;
             const int r = (int)(band % CONV_OUT_DIM);
             double *out = conv_out + image * OUT_NEURON_DIM + r * CONV_OUT_DIM + c;
 #pragma unroll
-            for (int f = 0; f < CONV_LAYER_SIZE; ++f) {
-                double sum = __dmul_rn(taps[0], filters[f * FILTER_TAPS]);
-#pragma unroll
-                for (int t = 1; t < FILTER_TAPS; ++t)
-                    sum = __dadd_rn(sum, __dmul_rn(taps[t], filters[f * FILTER_TAPS + t]));
-                out[f * CONV_OUT_DIM * CONV_OUT_DIM] = sum < 0.0 ? 0.0 : sum;
-            }
+            for (int f = 0; f < CONV_LAYER_SIZE; ++f)
+                out[f * CONV_OUT_DIM * CONV_OUT_DIM] = conv_relu_exact(taps, filters + f * FILTER_TAPS);
         }
         __syncthreads();  // the tile is refilled next round
     }
@@ -103,7 +98,6 @@ conv2d_relu(const double *__restrict__ images, double *__restrict__ conv_out, in
 // warp shuffles within each warp, shared memory across warps, and writes one partial per neuron to
 // partials[p][image][n] (row stride `stride` images). The host adds the gridDim.y partials.
 // Launch with a block size that is a multiple of 32, at most DENSE_MAX_THREADS.
-#define WARP 32
 
 extern "C" __global__ void
 flattened_to_dense(const double *__restrict__ conv_out, const double *__restrict__ weights,
@@ -113,7 +107,6 @@ flattened_to_dense(const double *__restrict__ conv_out, const double *__restrict
     const int segment_length = (OUT_NEURON_DIM / 2 + gridDim.y - 1) / gridDim.y * 2;  // even: 16-byte loads
     const int begin = blockIdx.y * segment_length;
     const int end = min(begin + segment_length, OUT_NEURON_DIM);
-    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, warps = blockDim.x / WARP;
 
     for (long long image = blockIdx.x; image < batch; image += gridDim.x) {
         const double *input = conv_out + image * OUT_NEURON_DIM;
@@ -130,22 +123,9 @@ flattened_to_dense(const double *__restrict__ conv_out, const double *__restrict
                 sums[n] = fma(x.y, w.y, sums[n]);
             }
         }
-#pragma unroll
-        for (int n = 0; n < OUT_LAYER_SIZE; ++n)
-            for (int offset = WARP / 2; offset > 0; offset /= 2)
-                sums[n] += __shfl_down_sync(0xffffffffu, sums[n], offset);
-        if (lane == 0)
-#pragma unroll
-            for (int n = 0; n < OUT_LAYER_SIZE; ++n)
-                warp_sums[warp][n] = sums[n];
-        __syncthreads();
-        if (threadIdx.x < OUT_LAYER_SIZE) {
-            double total = warp_sums[0][threadIdx.x];
-            for (int w = 1; w < warps; ++w)
-                total += warp_sums[w][threadIdx.x];
+        const double total = block_totals(sums, &warp_sums[0][0]);  // its barriers let warp_sums be reused at once
+        if (threadIdx.x < OUT_LAYER_SIZE)
             partials[((long long)blockIdx.y * stride + image) * OUT_LAYER_SIZE + threadIdx.x] = total;
-        }
-        __syncthreads();  // warp_sums is reused for the next image
     }
 }
 

@@ -218,7 +218,8 @@ def test_bench_gpu_rows_are_sane(tmp_path: Path) -> None:
     import json
 
     sizes = ["--images", "4096", "--cpu-images", "64", "--lab-images", "20", "--repeats", "2"]
-    result = cnnlab("bench", *sizes, "--json", tmp_path / "b.json")
+    rows = ["--rows", "cpu,lab,pinned,resident,bounds"]  # the ladder's rows: tests/test_ladder.py
+    result = cnnlab("bench", *sizes, *rows, "--json", tmp_path / "b.json")
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "b.json").read_text())
     rows = {figure["row"] for figure in report["figures"]}

@@ -3,9 +3,11 @@
 # tool): install the wheels in .wheelhouse (PyCUDA and its needs), build the native CSV parser for
 # this Python and the kernels' fatbins, then the stages asked for. Logs and figures go to $OUT
 # (default out/gpu); big files to $WORK (default /tmp).
-#   tools/gpu-check.sh [tests] [bench] [bar] [startup] [npy] [memory] [failrate] [long]   (default: all)
+#   tools/gpu-check.sh [tests] [bench] [bar] [startup] [npy] [memory] [failrate] [long] [ladder]   (default: all)
 #   tests     every test, GPU ones included
 #   bench     cnnlab bench, every row, with --json and --plot
+#   ladder    the optimization ladder (issue 15): its tests, the top rung's tuning sweep and SASS counts,
+#             then cnnlab bench --rows kernels,peers with --json and --plot
 #   bar       10,000 CSV images: cpu, cuda (CSV parsed on the GPU) and cuda --host-parse agree, and their wall times
 #             (also cpu --no-read-ahead and cuda --batch 512)
 #   startup   the default data (4 images) in cpu and cuda mode, three times each: wall time and start-up
@@ -30,7 +32,7 @@ if compgen -G ".wheelhouse/*.whl" >/dev/null; then
   export PYTHONPATH=/tmp/site:$PWD
 fi
 export PYTHONPATH=${PYTHONPATH:-$PWD}
-stages=${*:-tests bench bar startup npy memory failrate long}
+stages=${*:-tests bench bar startup npy memory failrate long ladder}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
 python3 setup.py -q build_ext --inplace 2>&1 | tail -3 || exit 2
 python3 build.py --force || exit 2
@@ -52,6 +54,14 @@ for stage in $stages; do
       python3 -m pytest -q -rs -p no:cacheprovider tests 2>&1 | tee "$OUT/tests.log" || status=1 ;;
     bench)
       cnnlab bench --json "$OUT/bench.json" --plot "$OUT/bench.png" 2>&1 | tee "$OUT/bench.log" || status=1 ;;
+    ladder)
+      python3 -m pytest -q -rs -p no:cacheprovider tests/test_ladder.py 2>&1 | tee "$OUT/ladder_tests.log" || status=1
+      {
+        python3 tools/ladder_sweep.py
+        cuobjdump --dump-sass --gpu-architecture sm_90 kernel/ladder/09_fused_tiled.fatbin > "$WORK/fused_tiled.sass" &&
+          for op in DMUL DADD DFMA LDS LDGSTS BAR.SYNC; do echo "fused_tiled SASS (sm_90): $op $(grep -c "$op" "$WORK/fused_tiled.sass")"; done
+      } 2>&1 | tee "$OUT/ladder_sweep.log" || status=1
+      cnnlab bench --rows kernels,peers --json "$OUT/ladder.json" --plot "$OUT/ladder.png" 2>&1 | tee "$OUT/ladder.log" || status=1 ;;
     bar)
       cnnlab generate --images 10000 --seed 459 --out-dir "$WORK/bar"
       cat "$WORK/bar/in.csv" > /dev/null  # in the page cache

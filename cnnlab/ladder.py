@@ -1,0 +1,390 @@
+"""The optimization ladder (issue 15): the network's kernels from the lab's scheme to the hardware's
+limit, one named rung per technique, each runnable end to end (`cnnlab cuda --kernel NAME`),
+validated and measured (`cnnlab bench --rows kernels`).
+
+Each rung is a kernel source in kernel/ladder/ (rung 6 is kernel/kernel.cu, the default design)
+that opens with what it changes from the rung below, how its threads map to the data and its
+napkin math; here each has its sizes, defined once and passed to nvcc as -D flags, its traffic
+model and one small launcher. Every launcher has the same interface: it writes
+partials[segments][stride][10] that the host adds up, exactly as the default design does, so
+CudaContext runs any rung through the same lanes (`LaunchConfig.kernel`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from cnnlab.errors import DeviceError
+from cnnlab.kernels import BLOCKS_PER_SM, CONV_BANDS_PER_BLOCK, Conv2dRelu, FlattenedToDense
+from cnnlab.network import CONV_OUT_DIM, FILTER_DIM, IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM, Cnn
+
+if TYPE_CHECKING:
+    from cnnlab.cuda import LaunchConfig
+    from cnnlab.lanes import Allocator
+
+# The rungs' own sizes, passed to nvcc by the build step (each source #errors without them).
+LAB_CONV_BLOCKS, LAB_THREADS, LAB_SEGMENTS = 32, 1024, 4  # rung 1: the report's 32 x 1024 conv launch
+GLOBAL_THREADS = 256  # rungs 2 and 3: threads per block, a thread per output
+TREE_THREADS, TREE_SEGMENTS = 256, 4  # rung 4's dense_tree
+SWEEP_BANDS = (2, 4, 8, 12)  # rung 5: conv2d_relu's bands per block (x 20 threads; 12 fills 48 KB of shared memory)
+SWEEP_THREADS = (64, 128, 256, 512, 1024)  # rung 5: dense_tree's threads per block
+BLOCK_SWEEP_BEST = (12, 128)  # rung 5's (bands, threads) for `cnnlab cuda`: the fastest pair of the H100 sweep (BENCHMARKS.md)
+COARSE_IMAGES, COARSE_THREADS, COARSE_SEGMENTS = 4, 256, 4  # rung 7
+FUSED_THREADS = 256  # rung 8
+# Rung 9: images per tile and shared-memory buffers taking turns. 8 x 2 leaves room for two blocks a
+# multiprocessor (108,800 bytes each), whose barriers then fall at different times; on the H100 it beat
+# 16 x 2 (one block of 186,112 bytes) and deeper pipelines of one block (tools/ladder_sweep.py, BENCHMARKS.md).
+FT_TILE_IMAGES, FT_STAGES = 8, 2
+MMA_IMAGES, MMA_THREADS = 32, 256  # rung 10's dense_mma: images per block, 8 warps
+BAND_DOUBLES = FILTER_DIM * INPUT_DIM
+MAP_SIZE = CONV_OUT_DIM * CONV_OUT_DIM  # patches per image
+DEFAULT_KERNEL = "warp_shuffle"  # the design card's conv2d_relu + flattened_to_dense
+
+# Device memory each design must move per image: the image read, the activations written and read
+# back where conv and dense are two kernels, the partials written (the weights stay in L2).
+ROUND_TRIP_BYTES = 2 * OUT_NEURON_DIM * 8
+
+
+def _traffic(segments: int, round_trip: bool = True) -> int:
+    return IMAGE_BYTES + (ROUND_TRIP_BYTES if round_trip else 0) + segments * OUT_LAYER_SIZE * 8
+
+
+def conflict_free_stride(tile_images: int) -> int:
+    """fused_tiled's image stride in shared memory, in doubles: the first even stride (16-byte
+    copies) from a band's 500 at which each half-warp's 16 tap loads land in 16 distinct pairs of
+    the 32 four-byte banks (a warp holds 32 / tile_images columns of every image of the tile)."""
+    columns = 32 // tile_images
+    for stride in range(BAND_DOUBLES, BAND_DOUBLES + 32, 2):
+        halves = ([(lane // columns) * stride + lane % columns * FILTER_DIM for lane in range(half, half + 16)] for half in (0, 16))
+        if all(len({offset % 16 for offset in offsets}) == 16 for offsets in halves):
+            return stride
+    return BAND_DOUBLES  # no such stride: two-way conflicts
+
+
+def fused_tiled_sizes(tile_images: int = FT_TILE_IMAGES, stages: int = FT_STAGES, exact_conv: bool = True) -> dict[str, int]:
+    return {
+        "FT_TILE_IMAGES": tile_images,
+        "FT_STAGES": stages,
+        "FT_IMAGE_STRIDE": conflict_free_stride(tile_images),
+        "FT_EXACT_CONV": int(exact_conv),
+    }
+
+
+def fused_tiled_shared_bytes(sizes: Mapping[str, int]) -> int:
+    """The stages (each: the tile's bands and the band's 2,000 weights) and the column sums."""
+    stage = sizes["FT_TILE_IMAGES"] * sizes["FT_IMAGE_STRIDE"] + OUT_LAYER_SIZE * OUT_NEURON_DIM // CONV_OUT_DIM
+    return 8 * (sizes["FT_STAGES"] * stage + OUT_LAYER_SIZE * sizes["FT_TILE_IMAGES"] * CONV_OUT_DIM)
+
+
+@dataclass(frozen=True)
+class Build:
+    """One fatbin: a source under kernel/, the -D sizes of its own, and a name for the variant."""
+
+    source: str
+    sizes: Mapping[str, int] = field(default_factory=dict)
+    variant: str = ""
+
+
+KERNEL_BUILD = Build("kernel.cu")
+LAB_BUILD = Build("ladder/01_lab.cu", {"LAB_CONV_BLOCKS": LAB_CONV_BLOCKS, "LAB_THREADS": LAB_THREADS, "LAB_SEGMENTS": LAB_SEGMENTS})
+GLOBAL_BUILD = Build("ladder/02_batched_global.cu")
+CONSTANT_BUILD = Build("ladder/03_constant_filters.cu")
+TREE_BUILD = Build("ladder/04_shared_tiles.cu")
+COARSE_BUILD = Build("ladder/07_coarsened.cu", {"COARSE_IMAGES": COARSE_IMAGES, "COARSE_MAX_THREADS": COARSE_THREADS})
+FUSED_BUILD = Build("ladder/08_fused.cu")
+FUSED_TILED_BUILD = Build("ladder/09_fused_tiled.cu", fused_tiled_sizes())
+MMA_BUILD = Build("ladder/10_im2col_mma.cu", {"MMA_IMAGES": MMA_IMAGES})
+FUSED_TILED_FMA_BUILD = Build("ladder/11_fused_tiled_fma.cu", fused_tiled_sizes(exact_conv=False))
+
+
+def sweep_build(bands: int) -> Build:
+    """Rung 5's source built with `bands` bands per conv2d_relu block."""
+    return Build("ladder/05_block_sweep.cu", {"CONV_BANDS_PER_BLOCK": bands}, f"bands{bands}")
+
+
+class Launcher(Protocol):
+    """A rung's launches for one chunk: images at device address `images`, partials[segments][stride][10] out."""
+
+    segments: int
+    needs_conv_out: bool  # whether the lane must hold the chunk's 4,000 activations an image
+    checks_finite: bool  # whether it sets the setup's nonfinite flag where an image value is a NaN or an infinity
+
+    def __call__(self, stream: Any, images: int, conv_out: Any, partials: Any, count: int, stride: int) -> None: ...
+
+
+class DeviceSetup:
+    """What a launcher needs of the context: the device's limits, the weights on the device, and the
+    rungs' modules, each built (where stale) and loaded on first need, with the filters copied into
+    its constant memory where it has them."""
+
+    def __init__(self, driver: Any, device: Any, memory: Allocator, cnn: Cnn, weights: Any) -> None:
+        attribute = driver.device_attribute
+        self.driver, self.memory, self.cnn, self.weights = driver, memory, cnn, weights
+        self.sm_count = device.get_attribute(attribute.MULTIPROCESSOR_COUNT)
+        self.capability: tuple[int, int] = device.compute_capability()
+        self.shared_per_block = device.get_attribute(attribute.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+        self.shared_per_sm = device.get_attribute(attribute.MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)
+        self._modules: dict[tuple[str, str], Any] = {}
+        self._global_filters: Any = None
+        self.nonfinite = memory.device(4)  # conv2d_relu's flag (rungs 4 to 7): an image value was a NaN or an infinity
+
+    def module(self, build: Build) -> Any:
+        from cnnlab.nvcc import ensure_fatbin
+
+        key = (build.source, build.variant)
+        if key not in self._modules:
+            module = self.driver.module_from_file(str(ensure_fatbin(build)))
+            try:
+                symbol = module.get_global("filters")[0]
+            except self.driver.Error:  # no such symbol: this source reads its filters from global memory
+                symbol = None
+            if symbol is not None:
+                self.driver.memcpy_htod(symbol, self.cnn.filters)
+            self._modules[key] = module
+        return self._modules[key]
+
+    def add_module(self, build: Build, module: Any) -> None:
+        """A module the context loaded itself (kernel.cu's), with its filters already copied in."""
+        self._modules[(build.source, build.variant)] = module
+
+    def function(self, build: Build, name: str, signature: str, shared: int = 0) -> Any:
+        """A prepared kernel of `build`, allowed `shared` bytes of dynamic shared memory where it needs them."""
+        function = self.module(build).get_function(name)
+        function.prepare(signature)
+        if shared > self.shared_per_block:
+            raise DeviceError(f"{name} needs {shared} bytes of shared memory per block; this GPU allows {self.shared_per_block}")
+        if shared > 48 * 1024:  # beyond the default, a block gets more only when its kernel asks
+            function.set_attribute(self.driver.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, shared)
+        return function
+
+    def global_filters(self) -> Any:
+        """The filters in device memory, for the rungs that read them from there."""
+        if self._global_filters is None:
+            self._global_filters = self.memory.device(self.cnn.filters.nbytes)
+            self.driver.memcpy_htod(self._global_filters, self.cnn.filters)
+        return self._global_filters
+
+    def blocks_per_sm(self, threads: int, shared: int) -> int:
+        """Resident thread blocks per multiprocessor, as threads and shared memory allow (1 KB a block is the system's)."""
+        return max(1, min(2048 // threads, self.shared_per_sm // (shared + 1024) if shared else 2048 // threads))
+
+
+def _grid(count: int, limit: int) -> int:
+    return max(1, min(count, limit))
+
+
+class Lab:
+    """Rung 1: per image, conv_lab on 32 x 1024 threads, then dense_lab's (segment, neuron) blocks."""
+
+    segments, needs_conv_out, checks_finite = LAB_SEGMENTS, True, False
+
+    def __init__(self, setup: DeviceSetup) -> None:
+        self._conv = setup.function(LAB_BUILD, "conv_lab", "PPP")
+        self._dense = setup.function(LAB_BUILD, "dense_lab", "PPPi")
+        self._filters, self._weights = setup.global_filters(), setup.weights
+
+    def __call__(self, stream: Any, images: int, conv_out: Any, partials: Any, count: int, stride: int) -> None:
+        block = (LAB_THREADS, 1, 1)
+        for index in range(count):  # two launches an image: the lab's host loop
+            self._conv.prepared_async_call((LAB_CONV_BLOCKS, 1), block, stream, images + index * IMAGE_BYTES, self._filters, conv_out)
+            row = int(partials) + index * OUT_LAYER_SIZE * 8
+            self._dense.prepared_async_call((LAB_SEGMENTS, OUT_LAYER_SIZE), block, stream, conv_out, self._weights, row, np.int32(stride))
+
+
+class BatchedGlobal:
+    """Rungs 2 and 3: a thread per conv output (filters from global or constant memory), a thread per network output."""
+
+    segments, needs_conv_out, checks_finite = 1, True, False
+
+    def __init__(self, setup: DeviceSetup, constant_filters: bool) -> None:
+        build = CONSTANT_BUILD if constant_filters else GLOBAL_BUILD
+        if constant_filters:
+            self._conv, self._filters = setup.function(build, "conv_constant", "PPi"), ()
+        else:
+            self._conv, self._filters = setup.function(build, "conv_global", "PPPi"), (setup.global_filters(),)
+        self._dense = setup.function(build, "dense_global", "PPPi")
+        self._weights = setup.weights
+
+    def __call__(self, stream: Any, images: int, conv_out: Any, partials: Any, count: int, stride: int) -> None:
+        block, n = (GLOBAL_THREADS, 1, 1), np.int32(count)
+        conv_grid, dense_grid = (math.ceil(count * size / GLOBAL_THREADS) for size in (OUT_NEURON_DIM, OUT_LAYER_SIZE))
+        self._conv.prepared_async_call((conv_grid, 1), block, stream, images, *self._filters, conv_out, n)
+        self._dense.prepared_async_call((dense_grid, 1), block, stream, conv_out, self._weights, partials, n)
+
+
+class ConvThenDense:
+    """Rungs 4 to 7: conv2d_relu, then a dense kernel of signature (conv_out, weights, partials, count, stride)
+    on a grid of (image blocks, segments); `images_per_block` images share one block's pass over the weights."""
+
+    needs_conv_out = checks_finite = True
+
+    def __init__(
+        self, setup: DeviceSetup, conv_build: Build, bands: int, dense_build: Build, dense: str, threads: int, segments: int,
+        shared: int = 0, images_per_block: int = 1,
+    ) -> None:
+        self._conv = Conv2dRelu(setup.module(conv_build), setup.sm_count, bands=bands)
+        self._dense = setup.function(dense_build, dense, "PPPii", shared)
+        self._weights, self._threads, self._shared, self.segments = setup.weights, threads, shared, segments
+        self._nonfinite = setup.nonfinite
+        self._images_per_block = images_per_block
+        self._blocks = max(1, setup.sm_count * BLOCKS_PER_SM // segments)
+
+    def __call__(self, stream: Any, images: int, conv_out: Any, partials: Any, count: int, stride: int) -> None:
+        self._conv(stream, images, conv_out, count, self._nonfinite)
+        grid = (_grid(math.ceil(count / self._images_per_block), self._blocks), self.segments)
+        args = (conv_out, self._weights, partials, np.int32(count), np.int32(stride))
+        self._dense.prepared_async_call(grid, (self._threads, 1, 1), stream, *args, shared_size=self._shared)
+
+
+def shared_tiles(
+    setup: DeviceSetup, threads: int = TREE_THREADS, bands: int = CONV_BANDS_PER_BLOCK, conv: Build = KERNEL_BUILD,
+    dense: Build = TREE_BUILD,
+) -> Launcher:
+    """Rung 4 (and rung 5 at other block sizes): conv2d_relu, then dense_tree's shared-memory tree."""
+    return ConvThenDense(setup, conv, bands, dense, "dense_tree", threads, TREE_SEGMENTS, shared=threads * OUT_LAYER_SIZE * 8)
+
+
+def block_sweep(setup: DeviceSetup, bands: int = BLOCK_SWEEP_BEST[0], threads: int = BLOCK_SWEEP_BEST[1]) -> Launcher:
+    """Rung 5: rung 4's kernels at (bands, threads), both from the source built for that conv size."""
+    build = sweep_build(bands)
+    return shared_tiles(setup, threads, bands, build, build)
+
+
+class WarpShuffle:
+    """Rung 6, the default: the design card's conv2d_relu + flattened_to_dense, sized by the LaunchConfig."""
+
+    needs_conv_out = checks_finite = True
+
+    def __init__(self, setup: DeviceSetup, config: LaunchConfig) -> None:
+        module = setup.module(KERNEL_BUILD)
+        self._conv = Conv2dRelu(module, setup.sm_count, config.conv_blocks)
+        self.segments = config.segments
+        self._dense = FlattenedToDense(module, setup.sm_count, config.segments, config.dense_threads, config.dense_blocks)
+        self._weights, self._nonfinite = setup.weights, setup.nonfinite
+
+    def __call__(self, stream: Any, images: int, conv_out: Any, partials: Any, count: int, stride: int) -> None:
+        self._conv(stream, images, conv_out, count, self._nonfinite)
+        self._dense(stream, conv_out, self._weights, partials, count, stride)
+
+
+class OneKernel:
+    """Rungs 8 and 9: one fused kernel (images, weights, partials, count) on a persistent grid that fills
+    the device, each block `images_per_block` images at a time; segments = 1."""
+
+    segments, needs_conv_out, checks_finite = 1, False, False
+
+    def __init__(self, setup: DeviceSetup, build: Build, name: str, threads: int, shared: int, images_per_block: int) -> None:
+        self._function = setup.function(build, name, "PPPi", shared)
+        self._weights, self._threads, self._shared, self._images_per_block = setup.weights, threads, shared, images_per_block
+        self._blocks = setup.sm_count * setup.blocks_per_sm(threads, shared)
+
+    def __call__(self, stream: Any, images: int, conv_out: Any, partials: Any, count: int, stride: int) -> None:
+        grid = (_grid(math.ceil(count / self._images_per_block), self._blocks), 1)
+        self._function.prepared_async_call(
+            grid, (self._threads, 1, 1), stream, images, self._weights, partials, np.int32(count), shared_size=self._shared
+        )
+
+
+def fused(setup: DeviceSetup) -> Launcher:
+    """Rung 8: a block per image, the image and its activations in shared memory."""
+    shared = 8 * (INPUT_DIM * INPUT_DIM + OUT_NEURON_DIM + FUSED_THREADS // 32 * OUT_LAYER_SIZE)
+    return OneKernel(setup, FUSED_BUILD, "fused", FUSED_THREADS, shared, 1)
+
+
+def fused_tiled(setup: DeviceSetup, build: Build = FUSED_TILED_BUILD) -> Launcher:
+    """Rung 9 (and rung 11, `build` its FMA conv): tiles of images, their bands and the weights streamed through shared memory."""
+    tile = build.sizes["FT_TILE_IMAGES"]
+    return OneKernel(setup, build, "fused_tiled", tile * CONV_OUT_DIM, fused_tiled_shared_bytes(build.sizes), tile)
+
+
+class Im2colMma:
+    """Rung 10: conv_mma (a warp per 8 patches), then dense_mma (a block per MMA_IMAGES images), on the FP64 tensor cores."""
+
+    segments, needs_conv_out, checks_finite = 1, True, False
+
+    def __init__(self, setup: DeviceSetup) -> None:
+        self._conv = setup.function(MMA_BUILD, "conv_mma", "PPi")
+        self._dense = setup.function(MMA_BUILD, "dense_mma", "PPPi")
+        self._weights, self._blocks = setup.weights, setup.sm_count * BLOCKS_PER_SM
+
+    def __call__(self, stream: Any, images: int, conv_out: Any, partials: Any, count: int, stride: int) -> None:
+        block, n = (MMA_THREADS, 1, 1), np.int32(count)
+        conv_blocks = _grid(math.ceil(count * MAP_SIZE / 8 / (MMA_THREADS // 32)), self._blocks)  # a warp per 8 patches
+        self._conv.prepared_async_call((conv_blocks, 1), block, stream, images, conv_out, n)
+        dense_blocks = _grid(math.ceil(count / MMA_IMAGES), self._blocks)
+        self._dense.prepared_async_call((dense_blocks, 1), block, stream, conv_out, self._weights, partials, n)
+
+
+# Exactness classes, checked by tests/test_ladder.py.
+BIT_EXACT = "bit-exact"  # every output the CPU's, bit for bit
+CONV_EXACT = "conv bit-exact"  # the ReLU outputs the CPU's; the dense sums in another order, within the lab's rule
+WITHIN_RULE = "within the rule"  # neither layer in the CPU's order; outputs within the lab's rule
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One rung: its name for --kernel, where its code is, what it teaches, how exact it is, its traffic model, its launcher."""
+
+    number: int
+    name: str
+    source: str  # under kernel/
+    teaches: str
+    exactness: str
+    device_bytes: int  # device memory moved per image by its design
+    make: Callable[[DeviceSetup, LaunchConfig], Launcher]
+    builds: tuple[Build, ...]  # what the build step compiles for it
+    min_capability: tuple[int, int] = (7, 5)
+    max_bench_images: int | None = None  # the bench's image count, where the rung is too slow for the default
+
+    @property
+    def conv_exact(self) -> bool:
+        return self.exactness in (BIT_EXACT, CONV_EXACT)
+
+
+RUNGS = (
+    Rung(1, "lab", LAB_BUILD.source, "the lab's scheme: one image per launch, a shared-memory tree, host sum", CONV_EXACT,
+         _traffic(LAB_SEGMENTS), lambda setup, config: Lab(setup), (LAB_BUILD,), max_bench_images=2000),
+    Rung(2, "batched_global", GLOBAL_BUILD.source, "a batch per launch, a thread per output, all from global memory", BIT_EXACT,
+         _traffic(1), lambda setup, config: BatchedGlobal(setup, constant_filters=False), (GLOBAL_BUILD,), max_bench_images=16384),
+    Rung(3, "constant_filters", CONSTANT_BUILD.source, "the filters in constant memory", BIT_EXACT,
+         _traffic(1), lambda setup, config: BatchedGlobal(setup, constant_filters=True), (CONSTANT_BUILD,), max_bench_images=16384),
+    Rung(4, "shared_tiles", TREE_BUILD.source, "coalesced shared-memory tiles (conv), a reduction tree (dense)", CONV_EXACT,
+         _traffic(TREE_SEGMENTS), lambda setup, config: shared_tiles(setup), (TREE_BUILD,)),
+    Rung(5, "block_sweep", "ladder/05_block_sweep.cu", "rung 4 at the block sizes a sweep finds fastest", CONV_EXACT,
+         _traffic(TREE_SEGMENTS), lambda setup, config: block_sweep(setup), tuple(sweep_build(bands) for bands in SWEEP_BANDS)),
+    Rung(6, "warp_shuffle", KERNEL_BUILD.source, "warp shuffles for the reduction, 16-byte loads (the default)", CONV_EXACT,
+         _traffic(4), WarpShuffle, ()),
+    Rung(7, "coarsened", COARSE_BUILD.source, "thread coarsening: each weight load serves 4 images", CONV_EXACT,
+         _traffic(COARSE_SEGMENTS), lambda setup, config: ConvThenDense(
+             setup, KERNEL_BUILD, CONV_BANDS_PER_BLOCK, COARSE_BUILD, "dense_coarsened", COARSE_THREADS, COARSE_SEGMENTS,
+             images_per_block=COARSE_IMAGES), (COARSE_BUILD,)),
+    Rung(8, "fused", FUSED_BUILD.source, "conv and dense fused, the activations in shared memory", CONV_EXACT,
+         _traffic(1, round_trip=False), lambda setup, config: fused(setup), (FUSED_BUILD,)),
+    Rung(9, "fused_tiled", FUSED_TILED_BUILD.source, "fused and tiled over images, weights and images streamed by cp.async",
+         CONV_EXACT, _traffic(1, round_trip=False), lambda setup, config: fused_tiled(setup), (FUSED_TILED_BUILD,)),
+    Rung(10, "im2col_mma", MMA_BUILD.source, "im2col + GEMM on the FP64 tensor cores (mma.sync m8n8k4)", WITHIN_RULE,
+         _traffic(1), lambda setup, config: Im2colMma(setup), (MMA_BUILD,), min_capability=(8, 0)),
+    Rung(11, "fused_tiled_fma", FUSED_TILED_FMA_BUILD.source, "rung 9 with FMAs in the conv: the price of bit-exactness",
+         WITHIN_RULE, _traffic(1, round_trip=False), lambda setup, config: fused_tiled(setup, FUSED_TILED_FMA_BUILD),
+         (FUSED_TILED_FMA_BUILD,)),
+)
+BY_NAME = {rung.name: rung for rung in RUNGS}
+
+
+def every_build() -> list[Build]:
+    """Every ladder fatbin the build step makes."""
+    return [build for rung in RUNGS for build in rung.builds]
+
+
+def launcher(name: str, setup: DeviceSetup, config: LaunchConfig) -> Launcher:
+    """The launcher of rung `name`, or a one-line DeviceError where this GPU cannot run it."""
+    rung = BY_NAME[name]
+    if setup.capability < rung.min_capability:
+        need = ".".join(map(str, rung.min_capability))
+        raise DeviceError(f"kernel {name} needs compute capability {need} or newer; this GPU has {'.'.join(map(str, setup.capability))}")
+    return rung.make(setup, config)
