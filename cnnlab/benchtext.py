@@ -53,7 +53,7 @@ def _polars_rate(path: os.PathLike, images: int, repeats: int) -> tuple[str, flo
     as its users would call it: the whole file at once, a Float64 schema, blank lines dropped; None without Polars."""
     try:
         import polars
-    except ImportError:
+    except Exception:  # not installed, or failing to load (under a memory limit, it warns and then fails oddly)
         return None
     schema = {str(column): polars.Float64 for column in range(INPUT_DIM)}
 

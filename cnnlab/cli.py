@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import signal
 import sys
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import TextIO
 
 from cnnlab import __version__, interrupts
-from cnnlab.errors import STANDARD_STREAM, CnnlabError, DeviceLostError, OutputFileError, ResourceError, UsageError
+from cnnlab.errors import STANDARD_STREAM, CnnlabError, DeviceLostError, OutputFileError, ResourceError, UsageError, shown
 from cnnlab.filesafety import AtomicOutput, output_target, refuse_same_file
 from cnnlab.labcsv import read_cnn
 from cnnlab.ladder import BY_NAME, DEFAULT_KERNEL
@@ -27,6 +28,7 @@ from cnnlab.network import Backend, Cnn
 from cnnlab.resources import resource_dir
 from cnnlab.run import run_network
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 DEFAULT_OUTPUTS = {"cpu": Path("out/out.csv"), "cuda": Path("out/out_cuda.csv")}
 
 
@@ -35,6 +37,11 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(f"{message} (see {self.prog} --help)")
+
+    def _print_message(self, message: str, file: TextIO | None = None) -> None:
+        """--help's text, with standard output's faults reported (argparse's own printer drops them)."""
+        if message:
+            _say(message.rstrip("\n"), file or sys.stdout)
 
 
 def _positive_int(text: str) -> int:
@@ -96,12 +103,12 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.mode} takes CNN_FILE INPUT_FILE OUTPUT_FILE, or no files for the default data")
     cnn_path, input_path, output_path = files
     refuse_same_file(output_path, {"input file": input_path, "CNN file": cnn_path})
-    output_target(output_path)  # a folder that cannot take the output is found before the run, not after it
-    if args.timing_json:
-        if STANDARD_STREAM == args.timing_json == output_path:
-            raise UsageError("the output and --timing-json cannot both be standard output (-)")
+    output = output_target(output_path)  # a folder that cannot take the output is found before the run, not after it
+    if args.timing_json is not None:
+        timing = output_target(args.timing_json)
+        if output.descriptor is not None and timing.descriptor == output.descriptor:
+            raise UsageError(f"the output and --timing-json cannot both be written to descriptor {output.descriptor} (-)")
         refuse_same_file(args.timing_json, {"input file": input_path, "CNN file": cnn_path, "output file": output_path})
-        output_target(args.timing_json)
     cnn = read_cnn(cnn_path)
     with make_backend(args.mode, cnn, args.batch, args.host_parse, args.kernel) as backend:
         interrupts.raise_if_received()  # the backend's modules were imported just now
@@ -110,7 +117,7 @@ def _run(args: argparse.Namespace) -> int:
     _warn_trailing(input_path, stats.images, stats.trailing_data_line)
     # With the outputs on standard output, the lab's line goes to stderr, so that the outputs stay a clean file.
     _say(f"{stats.work_microseconds} microseconds of actual work done", sys.stderr if output_path == STANDARD_STREAM else sys.stdout)
-    if args.timing_json:
+    if args.timing_json is not None:
         figures = {
             "mode": args.mode,
             "device": device,
@@ -137,7 +144,7 @@ def _convert(args: argparse.Namespace) -> int:
     refuse_same_file(args.output, {"input file": args.input})
     result = convert(args.input, args.output)
     _warn_trailing(args.input, result.rows, result.trailing_data_line)
-    print(f"cnnlab: wrote {args.output} ({result.rows} {'images' if result.kind == 'input' else 'lines'})", file=sys.stderr)
+    print(f"cnnlab: wrote {shown(args.output)} ({result.rows} {'images' if result.kind == 'input' else 'lines'})", file=sys.stderr)
     return 0
 
 
@@ -152,6 +159,8 @@ def _generate(args: argparse.Namespace) -> int:
 def _compare(args: argparse.Namespace) -> int:
     from cnnlab.compare import compare_files
 
+    if args.file_a == args.file_b == STANDARD_STREAM:
+        raise UsageError("compare reads each file once: at most one of them can be standard input (-)")
     result = compare_files(args.file_a, args.file_b, args.rel_tol, args.abs_tol)
     if not result.matches:
         print(f"cnnlab: {result.problem}", file=sys.stderr)
@@ -171,6 +180,8 @@ def _bench(args: argparse.Namespace) -> int:
     unknown = set(rows) - set(BenchOptions.rows)
     if unknown:
         raise UsageError(f"unknown bench rows {', '.join(sorted(unknown))}; choose from {','.join(BenchOptions.rows)}")
+    if args.plot is not None and args.json is not None:
+        refuse_same_file(args.plot, {"--json file": args.json})
     if args.plot:
         from cnnlab.benchreport import import_pyplot
 
@@ -352,13 +363,17 @@ def _standard_output_faults() -> Iterator[None]:
 
 def _say(text: str, stream: TextIO | None = None) -> None:
     """Print a result line (to standard output unless told otherwise)."""
+    stream = stream or sys.stdout
+    if stream is None:  # the process was started with standard output closed (`>&-`)
+        raise OutputFileError("<stdout>: cannot write: standard output is closed")
     with _standard_output_faults():
-        print(text, file=stream or sys.stdout)
+        print(text, file=stream)
 
 
 def _flush_stdout() -> None:
-    with _standard_output_faults():
-        sys.stdout.flush()
+    if sys.stdout is not None:
+        with _standard_output_faults():
+            sys.stdout.flush()
 
 
 def _ended_by(error: BaseException) -> int:
@@ -369,7 +384,8 @@ def _ended_by(error: BaseException) -> int:
     if isinstance(error, BrokenPipeError):
         # The reader of standard output (or of a FIFO output) went away: end quietly, as `yes | head -1`'s yes
         # does, and point stdout at /dev/null so that the interpreter's last flush finds nothing to fail on.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        if sys.stdout is not None:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + signal.SIGPIPE
     if isinstance(error, MemoryError):
         error = ResourceError(f"out of memory{_memory_limit_note()}: try a smaller --batch, or a machine with more memory")
@@ -377,7 +393,8 @@ def _ended_by(error: BaseException) -> int:
         error = ResourceError(f"cannot start a thread{_memory_limit_note()}")
     if not isinstance(error, CnnlabError):
         raise error
-    print(f"cnnlab: {error}", file=sys.stderr)
+    # One line, whatever a path held: a newline or another control character is shown escaped.
+    print("cnnlab: " + _CONTROL.sub(lambda match: repr(match[0])[1:-1], str(error)), file=sys.stderr)
     if isinstance(error, DeviceLostError):
         # Leave without running destructors: PyCUDA would print a warning for every object it can
         # no longer free in the lost context, and there is nothing left to clean up (the output's

@@ -44,6 +44,23 @@ def _batches(reader: ImageReader) -> Iterator[np.ndarray]:
         progress.finish()
 
 
+def _refuse_non_finite(input_path: str | os.PathLike, values: np.ndarray, what: str, first: int = 0) -> None:
+    """CSV holds finite values only (its readers refuse the rest): a NaN or an infinity is not written there."""
+    finite = np.isfinite(values.reshape(len(values), -1)).all(axis=1)
+    if not finite.all():
+        index = int(np.argmin(finite))
+        value = values[index][~np.isfinite(values[index])][0]
+        raise InputFileError(input_path, f"{what} {first + index + 1} holds {value}, which the lab's CSV cannot hold (finite values only)")
+
+
+def _finite_images(input_path: str | os.PathLike, batches: Iterator[np.ndarray]) -> Iterator[np.ndarray]:
+    done = 0
+    for batch in batches:
+        _refuse_non_finite(input_path, batch, "image", done)
+        yield from batch
+        done += len(batch)
+
+
 def convert(input_path: str | os.PathLike, output_path: str | os.PathLike) -> Conversion:
     """Write the contents of `input_path` to `output_path` in the format its extension names."""
     if not holds_images(input_path):
@@ -54,13 +71,14 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike) -> Co
                 "this is a CNN file (10 lines of 25 filter values, then 10 of 4000 weights); convert converts input files "
                 "(N images) and output files (rows of values) between CSV and .npy, and CNN files are read as CSV only",
             )
-        if not rows or len({len(row) for row in rows}) != 1:
+        if not rows or len({len(row) for row in rows}) != 1 or not rows[0]:
             raise InputFileError(input_path, "an output file to convert needs one or more lines, all of the same length")
         values = np.array(rows, dtype=np.float64)
         if is_npy(output_path):
             with NpyWriter(output_path, values.shape) as npy:
                 npy.write_rows(values)
         else:
+            _refuse_non_finite(input_path, values, "row")
             with AtomicOutput(output_path) as out:
                 out.write(format_rows(values))
         return Conversion("output", len(values))
@@ -70,5 +88,5 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike) -> Co
                 for batch in _batches(reader):
                     npy.write_rows(batch)
         else:
-            write_input_file(output_path, reader.count, (image for batch in _batches(reader) for image in batch))
+            write_input_file(output_path, reader.count, _finite_images(input_path, _batches(reader)))
         return Conversion("input", reader.count, reader.trailing_data_line())

@@ -19,6 +19,7 @@ from typing import BinaryIO, Protocol
 import numpy as np
 
 from cnnlab.errors import InputFileError
+from cnnlab.filesafety import reading
 
 try:
     from cnnlab import _lab_csv as native
@@ -316,9 +317,10 @@ class TextSource:
 
     def _read_into(self, room: memoryview) -> int:
         """Fill as much of `room` as the file holds: one read(), or, for a regular file, a read per thread at once."""
-        if self._offset is None or self._pool is None:  # what the file has now (a pipe may hold less than asked)
-            return os.readv(self._file.fileno(), [room])
-        count = read_at(self._file.fileno(), room, self._offset, self._pool, self._threads)
+        with reading(self.path):
+            if self._offset is None or self._pool is None:  # what the file has now (a pipe may hold less than asked)
+                return os.readv(self._file.fileno(), [room])
+            count = read_at(self._file.fileno(), room, self._offset, self._pool, self._threads)
         self._offset += count
         return count
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import enum
 import os
-import signal
+import re
 import stat
 import sys
 import tempfile
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, BinaryIO
 
+from cnnlab import interrupts
 from cnnlab.errors import STANDARD_STREAM, InputFileError, OutputFileError, shown
 
 # mkstemp makes files only the owner can read; outputs get the usual mode (0666 less the umask).
@@ -38,7 +39,7 @@ def open_for_reading(path: str | os.PathLike) -> BinaryIO:
     """Open `path` (`-`: standard input) in binary mode, turning the OS's refusal into an InputFileError."""
     try:
         if os.fspath(path) == STANDARD_STREAM:
-            return os.fdopen(os.dup(sys.stdin.fileno()), "rb")  # its own descriptor: closing it leaves stdin open
+            return os.fdopen(os.dup(0), "rb")  # its own descriptor: closing it leaves standard input open
         return open(path, "rb")
     except FileNotFoundError:
         raise InputFileError(path, "no such file") from None
@@ -46,6 +47,15 @@ def open_for_reading(path: str | os.PathLike) -> BinaryIO:
         raise InputFileError(path, "is a directory, not a file") from None
     except OSError as error:
         raise InputFileError(path, error.strerror or str(error)) from None
+
+
+@contextmanager
+def reading(path: str | os.PathLike) -> Iterator[None]:
+    """The OS's failure to read an open file (EIO from a failing disk, say) as an InputFileError naming it."""
+    try:
+        yield
+    except OSError as error:
+        raise InputFileError(path, f"cannot read: {error.strerror or error}") from None
 
 
 class Placement(enum.Enum):
@@ -57,15 +67,36 @@ class Placement(enum.Enum):
 
 @dataclass(frozen=True)
 class OutputTarget:
-    """Where an output path leads: `target` is the file written (a link's target), `path` what was asked for."""
+    """Where an output path leads: `target` is the file written (a link's target), `path` what was asked for;
+    `descriptor` a file descriptor this process inherited, written through (`-` is 1, so is /dev/stdout)."""
 
     path: str
     target: str
     placement: Placement
+    descriptor: int | None = None
 
     def fail(self, what: str, error: OSError | None = None) -> OutputFileError:
         reason = f": {error.strerror or error}" if error is not None else ""
         return OutputFileError(f"{shown(self.path)}: {what}{reason}")
+
+
+# /dev/stdout, /dev/fd/N, /proc/self/fd/N: a descriptor of this process's own, open already.
+_DESCRIPTOR_LINK = re.compile(r"/(?:dev|proc/(?:self|thread-self|(?P<pid>\d+)))/fd/(?P<fd>\d+)")
+
+
+def _inherited_descriptor(path: str) -> int | None:
+    """The descriptor `path` names through /dev/fd or /proc (following links to it), or None. Such a path is
+    written through its descriptor, never reopened: reopened, a shell's `>> log` would be written from its
+    start, and resolved, its file would be replaced under the shell's feet."""
+    current = os.path.abspath(path)
+    for _ in range(40):  # the kernel's own limit on a chain of links
+        match = _DESCRIPTOR_LINK.fullmatch(current)
+        if match and match["pid"] in (None, str(os.getpid())):
+            return int(match["fd"])
+        if not os.path.islink(current):
+            return None
+        current = os.path.normpath(os.path.join(os.path.dirname(current), os.readlink(current)))
+    return None
 
 
 def output_target(path: str | os.PathLike) -> OutputTarget:
@@ -73,18 +104,24 @@ def output_target(path: str | os.PathLike) -> OutputTarget:
     file system allows, and no directory in the way. Creates nothing."""
     path = os.fspath(path)
     if path == STANDARD_STREAM:
-        return OutputTarget(path, path, Placement.DIRECT)
+        return OutputTarget(path, path, Placement.DIRECT, descriptor=1)
+    if not path:
+        raise OutputFileError("an output's file name is empty")
+    if path.endswith(os.sep):
+        raise OutputFileError(f"{path}: names a directory (it ends in {os.sep}), not a file")
+    descriptor = _inherited_descriptor(path)
+    if descriptor is not None:
+        return OutputTarget(path, path, Placement.DIRECT, descriptor)
     try:
-        status = os.stat(path)  # through any links, /dev/stdout's magic one included
+        status = os.stat(path)  # through any links
     except FileNotFoundError:
         status = None
     except OSError as error:  # a loop of links, a file where a folder should be, ...
         raise OutputFileError(f"{path}: cannot write here: {error.strerror or error}") from None
-    if status is not None and stat.S_ISDIR(status.st_mode):
-        raise OutputFileError(f"{path}: is a directory, not a file")
-    # /proc's links (/dev/stdout, /dev/fd/N) lead to open files, pipes and terminals: they are written through.
     target = os.path.realpath(path)
-    if status is not None and (not stat.S_ISREG(status.st_mode) or target.startswith("/proc/")):
+    if (status is not None and stat.S_ISDIR(status.st_mode)) or os.path.isdir(target):  # `missing/..` too
+        raise OutputFileError(f"{path}: is a directory, not a file")
+    if status is not None and not stat.S_ISREG(status.st_mode):  # a FIFO, a device, a socket: written through
         return OutputTarget(path, path, Placement.DIRECT)
     _check_folder(path, target)
     return OutputTarget(path, target, Placement.REPLACE)
@@ -135,6 +172,21 @@ def refuse_same_file(output: str | os.PathLike, others: Mapping[str, str | os.Pa
             raise OutputFileError(f"{output}: is the {role} {other}; refusing to write over it")
 
 
+def _take_mode(descriptor: int, target: str) -> None:
+    """Give the new file what the file it replaces had (its mode, and its owner where this process may), or the
+    usual mode of a new file (0666 less the umask): replacing a private file must not make it readable to all."""
+    try:
+        status = os.stat(target)
+    except FileNotFoundError:
+        os.fchmod(descriptor, 0o666 & ~_UMASK)
+        return
+    os.fchmod(descriptor, stat.S_IMODE(status.st_mode))
+    try:
+        os.fchown(descriptor, status.st_uid, status.st_gid)
+    except PermissionError:  # not ours to give: the file becomes ours, with its old mode
+        pass
+
+
 class _GuardedStream:
     """A file whose write errors are OutputFileErrors naming the output (a full disk, a file-size limit).
     A closed pipe stays a BrokenPipeError: the command line ends quietly on it, as Unix tools do."""
@@ -168,9 +220,11 @@ class AtomicOutput:
     def open(self) -> _GuardedStream:
         target = self._target = output_target(self.path)
         try:
-            if target.path == STANDARD_STREAM:
-                sys.stdout.flush()  # what was printed before comes first
-                descriptor = os.dup(sys.stdout.fileno())
+            if target.descriptor is not None:
+                for stream in (sys.stdout, sys.stderr):  # what was printed before comes first
+                    if stream is not None and target.descriptor == stream.fileno():
+                        stream.flush()
+                descriptor = os.dup(target.descriptor)
             elif target.placement is Placement.DIRECT:
                 descriptor = os.open(target.target, os.O_WRONLY | os.O_CLOEXEC)  # never created: it exists
             else:
@@ -178,7 +232,7 @@ class AtomicOutput:
                 folder.mkdir(parents=True, exist_ok=True)
                 prefix = _temporary_prefix(os.path.basename(target.target), _name_limit(str(folder)))
                 descriptor, self._temporary = tempfile.mkstemp(prefix=prefix, suffix=_TEMPORARY_SUFFIX, dir=folder)
-                os.chmod(descriptor, 0o666 & ~_UMASK)
+                _take_mode(descriptor, target.target)
         except OSError as error:
             raise target.fail("cannot write here", error) from None
         self._file = os.fdopen(descriptor, "wb") if self._binary else os.fdopen(descriptor, "w", newline="\n")
@@ -212,14 +266,15 @@ class AtomicOutput:
 
     def discard(self) -> None:
         """Close the file (what its buffer holds may be lost: the run failed) and remove the temporary file."""
-        if self._file is not None:
-            try:
-                self._file.close()
-            except OSError:
-                pass
-        if self._temporary is not None:
-            Path(self._temporary).unlink(missing_ok=True)
-            self._temporary = None
+        with interrupts.held():  # a signal now is raised once the temporary file is gone
+            if self._file is not None:
+                try:
+                    self._file.close()
+                except OSError:
+                    pass
+            if self._temporary is not None:
+                Path(self._temporary).unlink(missing_ok=True)
+                self._temporary = None
 
     def __enter__(self) -> _GuardedStream:
         return self.open()
@@ -233,26 +288,18 @@ class AtomicOutput:
 
 @contextmanager
 def written_together(*outputs: AtomicOutput) -> Iterator[list[_GuardedStream]]:
-    """Several outputs that appear together or not at all: renamed one after another with SIGINT and
-    SIGTERM held back, so that no interrupt lands between two renames."""
+    """Several outputs that appear together or not at all: renamed one after another with signals held
+    (a signal may reach any thread, OpenBLAS's too, so blocking it in this one would not do)."""
     streams: list[_GuardedStream] = []
     try:
         for output in outputs:
             streams.append(output.open())
         yield streams
-    except BaseException:
-        for output in outputs:
-            output.discard()
-        raise
-    try:
         for output in outputs:
             output.finish()
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-        try:
+        with interrupts.held():
             for output in outputs:
                 output.place()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
     finally:
         for output in outputs:
             output.discard()

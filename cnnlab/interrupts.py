@@ -1,37 +1,65 @@
-"""SIGINT and SIGTERM as exceptions, from the process's first moments to its exit: 130 and 143.
+"""SIGINT, SIGTERM and SIGHUP as exceptions, from the process's first moments to its exit: 130, 143, 129.
 
 This module imports nothing heavy, so that `cnnlab.__main__` can install the handlers before numpy
 and the rest of cnnlab are imported (a signal during those imports is then a one-line exit too,
-not a traceback). Each handler raises, so that every `with` block on the way out cleans up: the
-temporary file of an output is removed, a reader thread joined.
+not a traceback). The first signal raises, so that every `with` block on the way out cleans up: the
+temporary file of an output is removed, a reader thread joined. Later ones are only counted: the
+run is already stopping, and an exception in the middle of its clean-up would cut that short.
+Steps that must not be cut apart (renaming a pair of files) run `held()`: a signal that comes
+during them is raised when they are done.
 """
 
 from __future__ import annotations
 
 import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 class Terminated(BaseException):
-    """SIGTERM, raised like KeyboardInterrupt so that temporary outputs are removed on the way out."""
+    """SIGTERM or SIGHUP, raised like KeyboardInterrupt so that temporary outputs are removed on the way out."""
 
 
 # Each signal a run stops for: what its handler raises, and the word the one-line message uses.
-SIGNAL_EXITS = {signal.SIGINT: (KeyboardInterrupt, "interrupted"), signal.SIGTERM: (Terminated, "terminated")}
+SIGNAL_EXITS = {
+    signal.SIGINT: (KeyboardInterrupt, "interrupted"),
+    signal.SIGTERM: (Terminated, "terminated"),
+    signal.SIGHUP: (Terminated, "hung up"),  # the terminal closed
+}
 _received: list[int] = []  # the signals that arrived in this process (a process is one run)
+_holding = 0  # how many held() blocks the main thread is in
 
 
 def _raise_for(signum: int, frame: object) -> None:
+    first = not _received
     _received.append(signum)
-    raise SIGNAL_EXITS[signum][0]
+    if first and not _holding:
+        raise SIGNAL_EXITS[signum][0]
 
 
 def install() -> None:
-    """Turn SIGINT and SIGTERM into exceptions (SIGINT too where the parent shell ignored it, and both where the
-    parent started this process with them blocked: one that is pending is raised here, at once)."""
+    """Turn the signals into exceptions: SIGINT and SIGTERM even where the parent ignored them, SIGHUP only where
+    it did not (nohup's way of saying: keep running); and where the parent started this process with them
+    blocked, take them now (one that is pending is raised here, at once)."""
     for signum in SIGNAL_EXITS:
-        signal.signal(signum, _raise_for)
+        if signum != signal.SIGHUP or signal.getsignal(signum) != signal.SIG_IGN:
+            signal.signal(signum, _raise_for)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, set(SIGNAL_EXITS))
+
+
+@contextmanager
+def held() -> Iterator[None]:
+    """A few steps no signal may cut apart: one that arrives inside is raised at the end (if it was the first)."""
+    global _holding
+    before = len(_received)
+    _holding += 1
+    try:
+        yield
+    finally:
+        _holding -= 1
+    if before == 0 and _received:
+        raise SIGNAL_EXITS[_received[0]][0]
 
 
 def raise_if_received() -> None:

@@ -22,7 +22,7 @@ import numpy as np
 
 from cnnlab.csvtext import READ_BYTES, read_at
 from cnnlab.errors import InputFileError
-from cnnlab.filesafety import AtomicOutput, open_for_reading
+from cnnlab.filesafety import AtomicOutput, open_for_reading, reading
 from cnnlab.network import IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OutputBatch, unsized_capacity
 
 DTYPE = np.dtype("<f8")
@@ -38,6 +38,11 @@ def read_shape(path: str | os.PathLike) -> tuple[int, ...]:
 
 
 def read_header(path: str | os.PathLike, file: IO[bytes]) -> tuple[tuple[int, ...], int]:
+    with reading(path):
+        return _read_header(path, file)
+
+
+def _read_header(path: str | os.PathLike, file: IO[bytes]) -> tuple[tuple[int, ...], int]:
     """The shape of a C-ordered little-endian float64 .npy file and the offset of its data, read from
     the file's start (a pipe too) and checked: the header's size and syntax, the type, the shape, and
     for a regular file that the data is all there."""
@@ -58,6 +63,8 @@ def read_header(path: str | os.PathLike, file: IO[bytes]) -> tuple[tuple[int, ..
         raise InputFileError(path, "not a .npy file: its header cannot be parsed") from None
     if dtype != DTYPE or fortran_order:
         raise InputFileError(path, f"holds {dtype} in {'Fortran' if fortran_order else 'C'} order; cnnlab needs float64 in C order")
+    if not all(type(size) is int for size in shape):  # numpy's parser takes True for 1
+        raise InputFileError(path, f"its header announces the shape {shape}, not one of whole numbers")
     if any(size < 0 for size in shape):
         raise InputFileError(path, f"its header announces the shape {shape}, with a negative size")
     offset = len(preamble) + len(length_bytes) + length
@@ -96,17 +103,22 @@ class NpyImageReader:
         if count <= 0:
             return 0
         room = memoryview(out[:count]).cast("B")
-        if self._seekable:
-            got = read_at(self._file.fileno(), room, self._offset + self.images_read * IMAGE_BYTES, self._pool, self._threads)
-        else:
-            got = 0
-            while got < len(room) and (part := self._file.readinto(room[got:])):
-                got += part
+        with reading(self.path):
+            got = self._read(room)
         if got < len(room):
             complete = self.images_read + got // IMAGE_BYTES
             raise InputFileError(self.path, f"file ends after {complete} of the {self.count} images its header announces")
         self.images_read += count
         return count
+
+    def _read(self, room: memoryview) -> int:
+        """Fill `room` with the next images' bytes, as far as the file goes: a read per core, or in order from a pipe."""
+        if self._seekable:
+            return read_at(self._file.fileno(), room, self._offset + self.images_read * IMAGE_BYTES, self._pool, self._threads)
+        got = 0
+        while got < len(room) and (part := self._file.readinto(room[got:])):
+            got += part
+        return got
 
     def trailing_data_line(self) -> int | None:
         """A .npy file holds exactly the images its header announces: never anything after them."""
@@ -163,8 +175,9 @@ def read_output_rows(path: str | os.PathLike) -> list[list[float]]:
         if len(shape) != 2:
             raise InputFileError(path, f"holds an array of shape {shape}; outputs are (N, values per line)")
         wanted, data = DTYPE.itemsize * math.prod(shape), bytearray()
-        while len(data) < wanted and (part := file.read(min(wanted - len(data), READ_BYTES))):  # a pipe, bit by bit
-            data += part
+        with reading(path):
+            while len(data) < wanted and (part := file.read(min(wanted - len(data), READ_BYTES))):  # a pipe, bit by bit
+                data += part
         if len(data) < wanted:
             raise InputFileError(path, f"file ends after {len(data)} of the {wanted} data bytes its header announces")
         return np.frombuffer(data, DTYPE).reshape(shape).tolist()

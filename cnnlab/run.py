@@ -156,7 +156,7 @@ def run_network(
                     start = time.perf_counter()
                     outputs = backend.compute(batch)
                     work_seconds += time.perf_counter() - start
-                    _refuse_non_finite(input_path, outputs, images_done)
+                    _refuse_non_finite(input_path, batch, outputs, images_done)
                     output.write(outputs)
                     images_done += len(outputs)
                     progress.update(images_done)
@@ -167,13 +167,18 @@ def run_network(
     return RunStats(reader.count, work_seconds, loop_seconds, batch_size, trailing, startup_seconds)
 
 
-def _refuse_non_finite(input_path: str | os.PathLike, outputs: OutputBatch, first_image: int) -> None:
-    """Finite inputs near 1e308 can overflow to inf or nan on the way: such outputs are refused, naming the first
-    image (counted from 1), rather than written where `compare` and `convert` could not read them back."""
+def _refuse_non_finite(input_path: str | os.PathLike, batch: Batch, outputs: OutputBatch, first_image: int) -> None:
+    """Outputs that are not finite are refused, naming the first such image (counted from 1), rather than written
+    where `compare` and `convert` could not read them back: finite inputs near 1e308 overflow on the way, and
+    a .npy file may hold a NaN or an infinity (CSV text never does: its parsers refuse them)."""
     finite = np.isfinite(outputs.values).all(axis=1)
-    if not finite.all():
-        image = first_image + int(np.argmin(finite)) + 1
-        raise InputFileError(input_path, f"the outputs of image {image} are not finite: its values overflow float64 in the network")
+    if finite.all():
+        return
+    index = int(np.argmin(finite))
+    if isinstance(batch, ImageBatch) and not np.isfinite(batch.images[index]).all():
+        value = batch.images[index][~np.isfinite(batch.images[index])][0]
+        raise InputFileError(input_path, f"image {first_image + index + 1} holds {value}: the network takes finite values only")
+    raise InputFileError(input_path, f"the outputs of image {first_image + index + 1} are not finite: the network overflows float64 on it")
 
 
 def process_age() -> float | None:

@@ -220,6 +220,7 @@ HOSTILE_NPY = {
     "code in the header": (_npy("__import__('os').system('false')"), "header cannot be parsed"),
     "truncated data": (_npy(_shape("(2, 100, 100)"), b"\x01" * 1000), "file ends after"),
     "truncated magic": (b"\x93NUM", "not a .npy file"),
+    "a shape of booleans": (_npy(_shape("(True, 100, 100)")), "not one of whole numbers"),
 }
 
 
@@ -335,7 +336,7 @@ def test_outputs_that_overflow_are_refused_naming_the_image(tmp_path: Path, rng:
     images[1] *= 1e306  # finite inputs whose products overflow
     cnn_path, input_path = write_files(tmp_path, random_cnn(rng), images)
     message = assert_one_line_error(cnnlab(mode, cnn_path, input_path, tmp_path / "out.csv"))
-    assert message == f"cnnlab: {input_path}: the outputs of image 2 are not finite: its values overflow float64 in the network\n"
+    assert message == f"cnnlab: {input_path}: the outputs of image 2 are not finite: the network overflows float64 on it\n"
     assert files_in(tmp_path) == ["cnn.csv", "in.csv"]
 
 
@@ -352,3 +353,119 @@ def test_n_with_a_plus_sign_is_accepted_as_rusts_usize_parser_did(tmp_path: Path
 def test_a_negative_seed_is_a_usage_error(tmp_path: Path) -> None:
     message = assert_one_line_error(cnnlab("generate", "--seed", "-1", "--out-dir", tmp_path / "gen"))
     assert "--seed: expected a non-negative integer, not '-1'" in message and not (tmp_path / "gen").exists()
+
+
+# What a hostile sweep of the first version found (each was a traceback, a lost file or a wrong status).
+
+
+def test_dev_stdout_is_written_through_its_descriptor_never_replaced(tmp_path: Path, run_files: tuple[Path, Path, bytes]) -> None:
+    # `cnnlab cpu ... /dev/stdout >> log`: the log keeps what it held, and gets the outputs and the timing line after it.
+    cnn_path, input_path, expected = run_files
+    log = tmp_path / "log.txt"
+    log.write_bytes(b"earlier\n")
+    with open(log, "a") as appending:
+        result = cnnlab("cpu", cnn_path, input_path, "/dev/stdout", stdout=appending)
+    assert result.returncode == 0, result.stderr
+    content = log.read_bytes()
+    assert content.startswith(b"earlier\n" + expected) and TIMING_LINE.match(content[len(b"earlier\n" + expected):].decode())
+    with open(log, "w") as stdout:
+        message = assert_one_line_error(cnnlab("cpu", cnn_path, input_path, "-", "--timing-json", "/dev/stdout", stdout=stdout))
+    assert "cannot both be written to descriptor 1" in message
+
+
+@pytest.mark.parametrize("name, message", [("", "file name is empty"), ("new.csv/", "names a directory"),
+                                           ("missing/..", "is a directory")])
+def test_output_names_that_cannot_be_files_are_refused_before_the_run(
+    tmp_path: Path, run_files: tuple[Path, Path, bytes], name: str, message: str
+) -> None:
+    cnn_path, input_path, _ = run_files
+    assert message in assert_one_line_error(cnnlab("cpu", cnn_path, input_path, name, cwd=tmp_path))
+    assert files_in(tmp_path) == ["cnn.csv", "in.csv"]
+
+
+def test_a_replaced_output_keeps_its_mode(tmp_path: Path, run_files: tuple[Path, Path, bytes]) -> None:
+    cnn_path, input_path, expected = run_files
+    private = tmp_path / "private.csv"
+    private.write_text("old\n")
+    private.chmod(0o600)
+    assert cnnlab("cpu", cnn_path, input_path, private).returncode == 0
+    assert private.read_bytes() == expected and stat.S_IMODE(private.stat().st_mode) == 0o600
+
+
+def test_closed_standard_streams_and_a_full_help_are_one_line(tmp_path: Path, run_files: tuple[Path, Path, bytes]) -> None:
+    cnn_path, input_path, _ = run_files
+    closed_stdout = cnnlab("cpu", cnn_path, input_path, tmp_path / "out.csv", stdout=None, preexec_fn=lambda: os.close(1))
+    assert "standard output is closed" in assert_one_line_error(closed_stdout)
+    closed_stdin = cnnlab("cpu", cnn_path, "-", tmp_path / "out2.csv", preexec_fn=lambda: os.close(0))
+    assert assert_one_line_error(closed_stdin) == "cnnlab: <stdin>: Bad file descriptor\n"
+    if os.path.exists("/dev/full"):
+        with open("/dev/full", "w") as full:
+            assert "No space left on device" in assert_one_line_error(cnnlab("--help", stdout=full))
+
+
+def test_a_read_error_after_opening_is_one_line(tmp_path: Path, run_files: tuple[Path, Path, bytes]) -> None:
+    cnn_path, _, _ = run_files
+    # /proc/self/mem opens, then fails every read at offset 0 with EIO, as a failing disk would.
+    for args in (["cpu", cnn_path, "/proc/self/mem", tmp_path / "out.csv"], ["cpu", "/proc/self/mem", cnn_path, tmp_path / "out.csv"]):
+        assert assert_one_line_error(cnnlab(*args)) == "cnnlab: /proc/self/mem: cannot read: Input/output error\n"
+
+
+def test_a_hang_up_is_129_and_nohup_keeps_running(tmp_path: Path, rng: np.random.Generator) -> None:
+    cnn_path, input_path = write_files(tmp_path, random_cnn(rng), random_values(rng, 2, 100, 100))
+    command = [sys.executable, "-m", "cnnlab", "cpu", str(cnn_path), str(input_path), str(tmp_path / "out.csv")]
+    for ignored, expected in ((False, (129, "cnnlab: hung up\n")), (True, (0, ""))):
+        def start(ignored: bool = ignored) -> None:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+            if ignored:
+                signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+        process = subprocess.Popen(command, env=SUBPROCESS_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   preexec_fn=start)
+        process.send_signal(signal.SIGHUP)
+        _, stderr = process.communicate(timeout=60)
+        assert (process.returncode, stderr) == expected
+
+
+def test_convert_and_a_run_refuse_values_the_csv_cannot_hold(tmp_path: Path, rng: np.random.Generator) -> None:
+    rows = random_values(rng, 3, 10)
+    rows[1, 4] = np.nan
+    np.save(tmp_path / "rows.npy", rows)
+    images = random_values(rng, 3, 100, 100)
+    images[2, 5, 5] = np.inf
+    np.save(tmp_path / "images.npy", images)
+    cnn_path, _ = write_files(tmp_path, random_cnn(rng), images[:1])
+    assert "row 2 holds nan" in assert_one_line_error(cnnlab("convert", tmp_path / "rows.npy", tmp_path / "rows.csv"))
+    assert "image 3 holds inf" in assert_one_line_error(cnnlab("convert", tmp_path / "images.npy", tmp_path / "images.csv"))
+    assert "image 3 holds inf: the network takes finite values only" in assert_one_line_error(
+        cnnlab("cpu", cnn_path, tmp_path / "images.npy", tmp_path / "out.csv"))
+    assert not any(path.name.endswith(".csv") and path.name not in ("cnn.csv", "in.csv") for path in tmp_path.iterdir())
+
+
+def test_a_signal_between_two_renames_waits_for_the_second(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # generate's pair: a SIGTERM that arrives after the first rename (from any thread: OpenBLAS's too) is raised
+    # only once both files are in place.
+    from cnnlab import interrupts
+    from cnnlab.filesafety import AtomicOutput, written_together
+
+    previous = {signum: signal.getsignal(signum) for signum in interrupts.SIGNAL_EXITS}
+    first, second = AtomicOutput(tmp_path / "cnn.csv"), AtomicOutput(tmp_path / "in.csv")
+    place = AtomicOutput.place
+
+    def place_then_signal(self: AtomicOutput) -> None:
+        place(self)
+        if self is first:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(AtomicOutput, "place", place_then_signal)
+    try:
+        interrupts.install()
+        with pytest.raises(interrupts.Terminated):
+            with written_together(first, second) as (cnn_out, input_out):
+                cnn_out.write("new cnn\n")
+                input_out.write("new input\n")
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        interrupts._received.clear()
+    assert (tmp_path / "cnn.csv").read_text() == "new cnn\n" and (tmp_path / "in.csv").read_text() == "new input\n"
+    assert files_in(tmp_path) == ["cnn.csv", "in.csv"]
