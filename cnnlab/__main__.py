@@ -59,8 +59,9 @@ def _start() -> int:
         os.environ.setdefault("OPENBLAS_NUM_THREADS", str(min(threads, os.cpu_count() or 1)))
     from cnnlab.driverstart import start_driver
 
-    # cuda mode: the driver starts while numpy is imported and the CNN read, before cli is even imported.
-    starting = start_driver() if sys.argv[1:2] == ["cuda"] else None
+    # cuda mode: the driver starts while numpy is imported and the CNN read, before cli is even imported; but not
+    # under an address-space limit, where its reservations would leave OpenBLAS none (and it would abort).
+    starting = start_driver() if sys.argv[1:2] == ["cuda"] and limit == resource.RLIM_INFINITY else None
     try:
         from cnnlab.cli import main as cli_main
 

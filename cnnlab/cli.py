@@ -11,7 +11,6 @@ import argparse
 import json
 import os
 import re
-import resource
 import signal
 import sys
 from collections.abc import Iterator, Sequence
@@ -20,7 +19,16 @@ from pathlib import Path
 from typing import TextIO
 
 from cnnlab import __version__, interrupts
-from cnnlab.errors import STANDARD_STREAM, CnnlabError, DeviceLostError, OutputFileError, ResourceError, UsageError, shown
+from cnnlab.errors import (
+    STANDARD_STREAM,
+    CnnlabError,
+    DeviceLostError,
+    OutputFileError,
+    ResourceError,
+    UsageError,
+    memory_limit_note,
+    shown,
+)
 from cnnlab.filesafety import AtomicOutput, output_target, refuse_same_file
 from cnnlab.labcsv import read_cnn
 from cnnlab.ladder import BY_NAME, DEFAULT_KERNEL
@@ -388,9 +396,9 @@ def _ended_by(error: BaseException) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + signal.SIGPIPE
     if isinstance(error, MemoryError):
-        error = ResourceError(f"out of memory{_memory_limit_note()}: try a smaller --batch, or a machine with more memory")
+        error = ResourceError(f"out of memory{memory_limit_note()}: try a smaller --batch, or a machine with more memory")
     elif isinstance(error, RuntimeError) and str(error) == "can't start new thread":  # threading's words for ENOMEM/EAGAIN
-        error = ResourceError(f"cannot start a thread{_memory_limit_note()}")
+        error = ResourceError(f"cannot start a thread{memory_limit_note()}")
     if not isinstance(error, CnnlabError):
         raise error
     # One line, whatever a path held: a newline or another control character is shown escaped.
@@ -403,8 +411,3 @@ def _ended_by(error: BaseException) -> int:
         sys.stderr.flush()
         os._exit(2)
     return 2
-
-
-def _memory_limit_note() -> str:
-    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
-    return "" if limit == resource.RLIM_INFINITY else f" under the address-space limit of {limit >> 20} MB (ulimit -v)"

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from cnnlab.arrays import DeviceArray, check_device_images, check_device_outputs, device_array, host_images
-from cnnlab.errors import ArrayError, DeviceError, DeviceLostError
+from cnnlab.errors import ArrayError, DeviceError, DeviceLostError, memory_limit_note
 from cnnlab.kernels import DENSE_MAX_THREADS, SumSegments
 from cnnlab.ladder import BY_NAME, DEFAULT_KERNEL, KERNEL_BUILD, DeviceSetup, Launcher, launcher
 from cnnlab.lanes import (
@@ -111,8 +111,9 @@ def import_driver() -> Any:
     except ModuleNotFoundError:
         hint = f"{install_command('cuda')} (builds PyCUDA from source: needs the CUDA toolkit)"
         raise DeviceError(f"the GPU path needs pycuda: {hint}") from None
-    except ImportError as error:  # pycuda is there but the driver library is not
-        raise DeviceError(f"no CUDA driver: {error}") from None
+    except ImportError as error:  # pycuda is there but the driver library is not, or cannot be mapped (ulimit -v)
+        note = memory_limit_note() if "failed to map" in str(error) else ""
+        raise DeviceError(f"no CUDA driver: {error}{note}") from None
     return driver
 
 
@@ -124,6 +125,8 @@ def device_errors(what: str) -> Iterator[None]:
         yield
     except driver.Error as error:
         detail = " ".join(str(error).split())
+        if "out of memory" in detail:  # the driver reserves far more address space than it uses
+            detail += memory_limit_note()
         raise (DeviceLostError if _context_lost(driver) else DeviceError)(f"{what}: {detail}") from None
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 
 STANDARD_STREAM = "-"  # as a file name: standard input, or standard output for an output
 
@@ -11,6 +12,12 @@ def shown(path: str | os.PathLike) -> str:
     """An output path as messages name it: `-` is standard output."""
     path = os.fspath(path)
     return "<stdout>" if path == STANDARD_STREAM else path
+
+
+def memory_limit_note() -> str:
+    """Where an address-space limit (ulimit -v) is set, words naming it, for a message about running out of memory."""
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    return "" if limit == resource.RLIM_INFINITY else f" under the address-space limit of {limit >> 20} MB (ulimit -v)"
 
 
 class CnnlabError(Exception):
