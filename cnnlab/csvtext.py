@@ -10,8 +10,10 @@ not built, their pure-Python twins below follow the same rules, slowly.
 from __future__ import annotations
 
 import os
+import select
 import stat
 import sys
+import threading
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol
@@ -211,9 +213,11 @@ class TextSource:
         memory: TextMemory | None = None,
         pool: Executor | None = None,
         threads: int = 1,
+        stop: threading.Event | None = None,
     ) -> None:
         self.path = path
         self._file = file
+        self._stop = stop  # set by whoever reads ahead of us when it stops: a wait on a pipe then ends
         self._memory = memory or HostMemory()
         self._pool, self._threads = pool, threads
         self._offset = 0 if pool is not None and stat.S_ISREG(os.fstat(file.fileno()).st_mode) else None  # None: read()
@@ -319,6 +323,7 @@ class TextSource:
         """Fill as much of `room` as the file holds: one read(), or, for a regular file, a read per thread at once."""
         with reading(self.path):
             if self._offset is None or self._pool is None:  # what the file has now (a pipe may hold less than asked)
+                wait_readable(self._file.fileno(), self._stop)
                 return os.readv(self._file.fileno(), [room])
             count = read_at(self._file.fileno(), room, self._offset, self._pool, self._threads)
         self._offset += count
@@ -329,6 +334,18 @@ class TextSource:
         for window in self._windows:
             self._memory.free_text(window)
         self._windows = []
+
+
+class ReadStopped(Exception):
+    """A read that waited on a pipe was given up: the run is stopping (a signal), and nothing will use its bytes."""
+
+
+def wait_readable(fd: int, stop: threading.Event | None) -> None:
+    """Wait until `fd` (a pipe, a FIFO, a terminal) has bytes or its end, checking `stop` ten times a second, so
+    that a run told to stop while its input stalls stops now, not when the writer next writes."""
+    while stop is not None and not select.select([fd], [], [], 0.1)[0]:
+        if stop.is_set():
+            raise ReadStopped
 
 
 def read_at(fd: int, room: memoryview, offset: int, pool: Executor, threads: int) -> int:

@@ -4,6 +4,7 @@ the lab's CSV), and, for `convert`, whether its content is images or output rows
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Protocol
 
@@ -18,6 +19,7 @@ class ImageReader(Protocol):
     """An input file read a batch at a time: CSV or .npy."""
 
     count: int  # N, the images the file announces
+    stop: threading.Event  # set to end a read that waits on a pipe (the run is stopping)
     capacity: int  # the most images the file's size leaves room for (N where it cannot be known): buffers need no more
     images_read: int
     step: int  # images per read_into() call that keep a read both efficient and quick to stop

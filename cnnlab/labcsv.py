@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+import threading
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -145,7 +146,8 @@ class CsvImageReader:
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="cnnlab-parse")
         self._file = open_for_reading(path)
         try:
-            self._source = TextSource(path, self._file, memory, self._pool, threads)
+            self.stop = threading.Event()  # set when the run stops: a read waiting on a pipe gives up
+            self._source = TextSource(path, self._file, memory, self._pool, threads, self.stop)
             self.count = self._read_count()
             status = os.fstat(self._file.fileno())
             self._source.row_bytes = status.st_size / (self.count * INPUT_DIM)  # the first guess

@@ -15,12 +15,13 @@ import math
 import os
 import stat
 import struct
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any
 
 import numpy as np
 
-from cnnlab.csvtext import READ_BYTES, read_at
+from cnnlab.csvtext import READ_BYTES, read_at, wait_readable
 from cnnlab.errors import InputFileError
 from cnnlab.filesafety import AtomicOutput, open_for_reading, reading
 from cnnlab.network import IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OutputBatch, unsized_capacity
@@ -92,6 +93,7 @@ class NpyImageReader:
             raise
         self.count = shape[0]
         self.images_read = 0
+        self.stop = threading.Event()  # set when the run stops: a read waiting on a pipe gives up
         self._threads = os.cpu_count() or 1
         self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="cnnlab-npy")
         self._seekable = stat.S_ISREG(os.fstat(self._file.fileno()).st_mode)
@@ -116,7 +118,10 @@ class NpyImageReader:
         if self._seekable:
             return read_at(self._file.fileno(), room, self._offset + self.images_read * IMAGE_BYTES, self._pool, self._threads)
         got = 0
-        while got < len(room) and (part := self._file.readinto(room[got:])):
+        while got < len(room):
+            wait_readable(self._file.fileno(), self.stop)
+            if not (part := self._file.readinto(room[got:])):
+                break
             got += part
         return got
 

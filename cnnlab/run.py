@@ -57,8 +57,11 @@ class Prefetcher:
     waits for a whole batch, and never leaves the thread writing into a freed buffer.
     """
 
-    def __init__(self, read: Callable[[Any, threading.Event], Batch | None], slots: list[Any]) -> None:
+    def __init__(
+        self, read: Callable[[Any, threading.Event], Batch | None], slots: list[Any], reader_stop: threading.Event | None = None
+    ) -> None:
         self._read_batch = read
+        self._reader_stop = reader_stop  # the reader's own: set on close, it ends a read that waits on a pipe
         self._empty: queue.Queue[tuple[Any] | None] = queue.Queue()
         self._full: queue.Queue[tuple[Any, Batch | None] | BaseException] = queue.Queue()
         for slot in slots:
@@ -92,6 +95,8 @@ class Prefetcher:
         """Stop the thread and wait for it, even through a second signal: until it has stopped it may write
         into the buffers (page-locked, for the GPU) that the caller frees next."""
         self._closed.set()
+        if self._reader_stop is not None:
+            self._reader_stop.set()
         self._empty.put(None)
         interrupted: BaseException | None = None
         while self._thread.is_alive():
@@ -150,7 +155,7 @@ def run_network(
         work_seconds, startup_seconds, images_done = 0.0, None, 0
         loop_start = time.perf_counter()
         try:
-            with Prefetcher(read, buffers) as batches:
+            with Prefetcher(read, buffers, reader.stop) as batches:
                 for batch in batches:
                     startup_seconds = process_age() if startup_seconds is None else startup_seconds
                     start = time.perf_counter()

@@ -469,3 +469,26 @@ def test_a_signal_between_two_renames_waits_for_the_second(tmp_path: Path, monke
         interrupts._received.clear()
     assert (tmp_path / "cnn.csv").read_text() == "new cnn\n" and (tmp_path / "in.csv").read_text() == "new input\n"
     assert files_in(tmp_path) == ["cnn.csv", "in.csv"]
+
+
+def test_a_signal_stops_a_run_whose_piped_input_stalls(tmp_path: Path, run_files: tuple[Path, Path, bytes]) -> None:
+    # The reader thread waits on a pipe whose writer has gone quiet: SIGTERM ends the run now, not when the writer writes.
+    cnn_path, input_path, _ = run_files
+    command = [sys.executable, "-m", "cnnlab", "cpu", str(cnn_path), "-", str(tmp_path / "out.csv"), "--batch", "10"]
+    process = subprocess.Popen(command, env=SUBPROCESS_ENV, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert process.stdin is not None
+    process.stdin.write(input_path.read_bytes()[:300_000])  # N and a few images: the run starts, then waits
+    process.stdin.flush()
+    deadline = time.monotonic() + 60
+    while not any(path.name.startswith(".out.csv.") for path in tmp_path.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)
+    process.send_signal(signal.SIGTERM)
+    try:
+        status = process.wait(timeout=10)  # the writer is still open (wait, unlike communicate, keeps it so)
+    finally:
+        process.kill()
+        process.stdin.close()
+    assert process.stderr is not None
+    assert (status, process.stderr.read()) == (143, b"cnnlab: terminated\n")
+    assert files_in(tmp_path) == ["cnn.csv", "in.csv"]
