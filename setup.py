@@ -52,8 +52,8 @@ def build_kernels() -> None:
         print("cnnlab: nvcc is not on the PATH: this package carries no kernel fatbins (cuda mode will need nvcc)", file=sys.stderr)
         return
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from cnnlab.buildstep import main as build_fatbins
     from cnnlab.nvcc import SOURCES, is_stale, kernel_source
-    from cnnlab.nvcc import main as build_fatbins
 
     if build_fatbins([]) != 0:  # an nvcc too old for the architectures, say: the package is still usable on the CPU
         for source in map(kernel_source, SOURCES):  # an installed package trusts its fatbins: never ship a stale one

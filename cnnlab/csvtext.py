@@ -24,7 +24,7 @@ from cnnlab.errors import InputFileError
 from cnnlab.filesafety import reading
 
 try:
-    from cnnlab import _lab_csv as native
+    import cnnlab._lab_csv as native
 except ImportError:  # no C++ compiler at install time: the twins below, and a note saying why it is slow
     native = None
 

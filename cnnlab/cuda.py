@@ -30,8 +30,8 @@ import numpy as np
 
 from cnnlab.arrays import DeviceArray, check_device_images, check_device_outputs, device_array, host_images
 from cnnlab.errors import ArrayError, DeviceError, DeviceLostError, memory_limit_note
-from cnnlab.kernels import DENSE_MAX_THREADS, SumSegments
-from cnnlab.ladder import BY_NAME, DEFAULT_KERNEL, KERNEL_BUILD, DeviceSetup, Launcher, launcher
+from cnnlab.kernels import SumSegments
+from cnnlab.ladder import KERNEL_BUILD, DeviceSetup, LaunchConfig, launcher
 from cnnlab.lanes import (
     Allocator,
     ChunkSource,
@@ -40,6 +40,7 @@ from cnnlab.lanes import (
     HostImages,
     HostOutputs,
     Lane,
+    Launcher,
     OutputSink,
     ResidentImages,
     lane_bytes,
@@ -66,31 +67,6 @@ DEFAULT_BATCH_IMAGES = 2048
 # reaches the GPU soon, while a batch still fills every lane with copies of tens of MB. On the H100
 # machine, 10,000 images: 256 a batch 0.96 s, 512 0.83 s, 2,048 over 2 s (pinning 0.8 GB).
 DEFAULT_TEXT_BATCH_IMAGES = 512
-
-
-@dataclass(frozen=True)
-class LaunchConfig:
-    """How the work is spread: the rung of the ladder that runs, lanes (streams), images per chunk, and for
-    the default rung its segments and thread-block counts."""
-
-    kernel: str = DEFAULT_KERNEL
-    streams: int = 3
-    chunk_images: int | None = None  # None: the batch dealt evenly over the lanes, so one batch already overlaps
-    segments: int = 4  # partial sums per output: flattened_to_dense's gridDim.y
-    dense_threads: int = 256
-    conv_blocks: int | None = None  # None: sized to the device
-    dense_blocks: int | None = None
-    lane_bytes_cap: int | None = None  # the most device memory the lanes may take; None: what is free
-
-    def __post_init__(self) -> None:
-        if self.kernel not in BY_NAME:
-            raise ValueError(f"unknown kernel {self.kernel!r}; choose from {', '.join(BY_NAME)}")
-        if self.streams < 1 or (self.chunk_images is not None and self.chunk_images < 1):
-            raise ValueError(f"invalid launch configuration {self}")
-        if not 1 <= self.segments <= OUT_NEURON_DIM // 2:
-            raise ValueError(f"segments must be between 1 and {OUT_NEURON_DIM // 2}, not {self.segments}")
-        if self.dense_threads % 32 or not 32 <= self.dense_threads <= DENSE_MAX_THREADS:
-            raise ValueError(f"dense_threads must be a multiple of 32 up to {DENSE_MAX_THREADS}")
 
 
 def _synchronize_stream(handle: int) -> None:

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, BinaryIO
 
-from cnnlab import interrupts
 from cnnlab.errors import STANDARD_STREAM, InputFileError, OutputFileError, shown
+from cnnlab.interrupts import held
 
 # mkstemp makes files only the owner can read; outputs get the usual mode (0666 less the umask).
 _UMASK = os.umask(0)
@@ -266,7 +266,7 @@ class AtomicOutput:
 
     def discard(self) -> None:
         """Close the file (what its buffer holds may be lost: the run failed) and remove the temporary file."""
-        with interrupts.held():  # a signal now is raised once the temporary file is gone
+        with held():  # a signal now is raised once the temporary file is gone
             if self._file is not None:
                 try:
                     self._file.close()
@@ -297,7 +297,7 @@ def written_together(*outputs: AtomicOutput) -> Iterator[list[_GuardedStream]]:
         yield streams
         for output in outputs:
             output.finish()
-        with interrupts.held():
+        with held():
             for output in outputs:
                 output.place()
     finally:

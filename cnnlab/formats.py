@@ -10,7 +10,8 @@ from typing import Protocol
 
 import numpy as np
 
-from cnnlab import labcsv, npy
+import cnnlab.labcsv as labcsv
+import cnnlab.npy as npy
 from cnnlab.csvtext import TextMemory
 from cnnlab.network import OutputBatch
 

@@ -14,18 +14,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from cnnlab.errors import DeviceError
-from cnnlab.kernels import BLOCKS_PER_SM, CONV_BANDS_PER_BLOCK, Conv2dRelu, FlattenedToDense
+from cnnlab.kernels import BLOCKS_PER_SM, CONV_BANDS_PER_BLOCK, DENSE_MAX_THREADS, Conv2dRelu, FlattenedToDense
 from cnnlab.network import CONV_OUT_DIM, FILTER_DIM, IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM, Cnn
+from cnnlab.nvcc import Build, ensure_fatbin
 
 if TYPE_CHECKING:
-    from cnnlab.cuda import LaunchConfig
-    from cnnlab.lanes import Allocator
+    from cnnlab.lanes import Allocator, Launcher
 
 # The rungs' own sizes, passed to nvcc by the build step (each source #errors without them).
 LAB_CONV_BLOCKS, LAB_THREADS, LAB_SEGMENTS = 32, 1024, 4  # rung 1: the report's 32 x 1024 conv launch
@@ -81,15 +81,6 @@ def fused_tiled_shared_bytes(sizes: Mapping[str, int]) -> int:
     return 8 * (sizes["FT_STAGES"] * stage + OUT_LAYER_SIZE * sizes["FT_TILE_IMAGES"] * CONV_OUT_DIM)
 
 
-@dataclass(frozen=True)
-class Build:
-    """One fatbin: a source under kernel/, the -D sizes of its own, and a name for the variant."""
-
-    source: str
-    sizes: Mapping[str, int] = field(default_factory=dict)
-    variant: str = ""
-
-
 KERNEL_BUILD = Build("kernel.cu")
 LAB_BUILD = Build("ladder/01_lab.cu", {"LAB_CONV_BLOCKS": LAB_CONV_BLOCKS, "LAB_THREADS": LAB_THREADS, "LAB_SEGMENTS": LAB_SEGMENTS})
 GLOBAL_BUILD = Build("ladder/02_batched_global.cu")
@@ -105,16 +96,6 @@ FUSED_TILED_FMA_BUILD = Build("ladder/11_fused_tiled_fma.cu", fused_tiled_sizes(
 def sweep_build(bands: int) -> Build:
     """Rung 5's source built with `bands` bands per conv2d_relu block."""
     return Build("ladder/05_block_sweep.cu", {"CONV_BANDS_PER_BLOCK": bands}, f"bands{bands}")
-
-
-class Launcher(Protocol):
-    """A rung's launches for one chunk: images at device address `images`, partials[segments][stride][10] out."""
-
-    segments: int
-    needs_conv_out: bool  # whether the lane must hold the chunk's 4,000 activations an image
-    checks_finite: bool  # whether it sets the setup's nonfinite flag where an image value is a NaN or an infinity
-
-    def __call__(self, stream: Any, images: int, conv_out: Any, partials: Any, count: int, stride: int) -> None: ...
 
 
 class DeviceSetup:
@@ -134,8 +115,6 @@ class DeviceSetup:
         self.nonfinite = memory.device(4)  # conv2d_relu's flag (rungs 4 to 7): an image value was a NaN or an infinity
 
     def module(self, build: Build) -> Any:
-        from cnnlab.nvcc import ensure_fatbin
-
         key = (build.source, build.variant)
         if key not in self._modules:
             module = self.driver.module_from_file(str(ensure_fatbin(build)))
@@ -374,6 +353,31 @@ RUNGS = (
          (FUSED_TILED_FMA_BUILD,)),
 )
 BY_NAME = {rung.name: rung for rung in RUNGS}
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """How the work is spread: the rung of the ladder that runs, lanes (streams), images per chunk, and for
+    the default rung its segments and thread-block counts."""
+
+    kernel: str = DEFAULT_KERNEL
+    streams: int = 3
+    chunk_images: int | None = None  # None: the batch dealt evenly over the lanes, so one batch already overlaps
+    segments: int = 4  # partial sums per output: flattened_to_dense's gridDim.y
+    dense_threads: int = 256
+    conv_blocks: int | None = None  # None: sized to the device
+    dense_blocks: int | None = None
+    lane_bytes_cap: int | None = None  # the most device memory the lanes may take; None: what is free
+
+    def __post_init__(self) -> None:
+        if self.kernel not in BY_NAME:
+            raise ValueError(f"unknown kernel {self.kernel!r}; choose from {', '.join(BY_NAME)}")
+        if self.streams < 1 or (self.chunk_images is not None and self.chunk_images < 1):
+            raise ValueError(f"invalid launch configuration {self}")
+        if not 1 <= self.segments <= OUT_NEURON_DIM // 2:
+            raise ValueError(f"segments must be between 1 and {OUT_NEURON_DIM // 2}, not {self.segments}")
+        if self.dense_threads % 32 or not 32 <= self.dense_threads <= DENSE_MAX_THREADS:
+            raise ValueError(f"dense_threads must be a multiple of 32 up to {DENSE_MAX_THREADS}")
 
 
 def every_build() -> list[Build]:

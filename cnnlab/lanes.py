@@ -19,7 +19,6 @@ import numpy as np
 
 from cnnlab.csv_gpu import STATUS_DTYPE, CsvParser, host_values, read_status, scratch_bytes
 from cnnlab.kernels import SumSegments
-from cnnlab.ladder import Launcher
 from cnnlab.network import IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM
 
 
@@ -70,6 +69,16 @@ def lane_bytes(chunk: int, launcher: Launcher) -> int:
     """Device memory one lane takes: its images, the activations where the kernels pass them on, its partials."""
     per_image = IMAGE_BYTES + (OUT_NEURON_DIM * 8 if launcher.needs_conv_out else 0) + launcher.segments * OUT_LAYER_SIZE * 8
     return chunk * per_image
+
+
+class Launcher(Protocol):
+    """A rung's launches for one chunk: images at device address `images`, partials[segments][stride][10] out."""
+
+    segments: int
+    needs_conv_out: bool  # whether the lane must hold the chunk's 4,000 activations an image
+    checks_finite: bool  # whether it sets the setup's nonfinite flag where an image value is a NaN or an infinity
+
+    def __call__(self, stream: Any, images: int, conv_out: Any, partials: Any, count: int, stride: int) -> None: ...
 
 
 class Lane:

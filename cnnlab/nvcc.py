@@ -1,4 +1,4 @@
-"""The build step: each kernel source compiled by nvcc to a fatbin beside it, rebuilt only when stale.
+"""nvcc: a kernel source compiled to a fatbin beside it, rebuilt only when stale (cnnlab.buildstep builds them all).
 
 A fatbin holds machine code for the common architectures (Turing to Hopper), so the driver loads
 it at once instead of compiling PTX at every start (a JIT that cost a large part of cuda mode's
@@ -11,23 +11,16 @@ fatbin per `Build`: a source and the -D sizes of its own, added to the network's
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from cnnlab.errors import CnnlabError, DeviceError
+from cnnlab.errors import DeviceError
 from cnnlab.kernels import nvcc_defines
 from cnnlab.resources import is_checkout, resource_dir
-
-if TYPE_CHECKING:
-    from cnnlab.ladder import Build
 
 DEFAULT_ARCH = "compute_75"  # the oldest architecture CUDA 13 supports: its PTX runs on any GPU CUDA 13 does
 MACHINE_ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90")
@@ -41,6 +34,15 @@ PACKAGE_BUILD_HINT = (
 INPUTS = (Path(__file__).with_name("network.py"), Path(__file__).with_name("kernels.py"))
 # A ladder kernel also takes sizes from ladder.py, and may include any source of kernel/ or kernel/ladder/.
 LADDER_INPUTS = (Path(__file__).with_name("ladder.py"),)
+
+
+@dataclass(frozen=True)
+class Build:
+    """One fatbin: a source under kernel/, the -D sizes of its own, and a name for the variant."""
+
+    source: str
+    sizes: Mapping[str, int] = field(default_factory=dict)
+    variant: str = ""
 
 
 @dataclass(frozen=True)
@@ -131,33 +133,3 @@ def ensure_modules() -> Modules:
             build_fatbin(source, fatbin)
         built.append(fatbin)
     return Modules(*built)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python build.py [--arch sm_XX ...] [--force] [--no-ladder]`: build the kernels' fatbins where they are stale."""
-    from cnnlab.ladder import every_build
-
-    parser = argparse.ArgumentParser(prog="build.py", description="Compile kernel/*.cu and kernel/ladder/*.cu to fatbins with nvcc.")
-    parser.add_argument("--arch", action="append", help=f"machine architecture, repeatable (default {' '.join(MACHINE_ARCHS)})")
-    parser.add_argument("--force", action="store_true", help="build even where the fatbins are newer than their sources")
-    parser.add_argument("--no-ladder", action="store_true", help="only the CNN's and the CSV parser's kernels, not the ladder's")
-    args = parser.parse_args(argv)
-    archs = args.arch or MACHINE_ARCHS
-
-    def build(source: Path, fatbin: Path, sizes: Mapping[str, int], extra: Sequence[Path]) -> str:
-        if args.force or args.arch or is_stale(source, fatbin, extra):
-            build_fatbin(source, fatbin, archs, sizes)
-            return f"built {fatbin} ({', '.join(archs)} and {DEFAULT_ARCH} PTX)"
-        return f"{fatbin} is up to date"
-
-    jobs = [(kernel_source(name), kernel_source(name).with_suffix(".fatbin"), {}, ()) for name in SOURCES]
-    if not args.no_ladder:
-        jobs += [(kernel_source(b.source), fatbin_path(b), b.sizes, ladder_inputs(kernel_source(b.source))) for b in every_build()]
-    try:
-        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:  # one nvcc per core
-            for line in pool.map(lambda job: build(*job), jobs):
-                print(line, file=sys.stderr)
-    except CnnlabError as error:
-        print(f"build.py: {error}", file=sys.stderr)
-        return 2
-    return 0

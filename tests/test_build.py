@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cnnlab import nvcc
+from cnnlab import buildstep, nvcc
 from cnnlab.errors import DeviceError
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (the CUDA toolkit) is not installed here")
@@ -36,15 +36,15 @@ def test_build_rebuilds_only_when_stale(tmp_path: Path, monkeypatch: pytest.Monk
         shutil.copy(header, tmp_path / header.name)
     monkeypatch.setattr(nvcc, "kernel_source", lambda name="kernel.cu": tmp_path / name)
     source = tmp_path / "kernel.cu"
-    assert nvcc.main(["--arch", "sm_90", "--no-ladder"]) == 0
+    assert buildstep.main(["--arch", "sm_90", "--no-ladder"]) == 0
     built = source.with_suffix(".fatbin")
     first = built.stat().st_mtime_ns
-    assert nvcc.main(["--no-ladder"]) == 0 and built.stat().st_mtime_ns == first  # up to date: untouched
+    assert buildstep.main(["--no-ladder"]) == 0 and built.stat().st_mtime_ns == first  # up to date: untouched
     os.utime(source, ns=(first + 10**9, first + 10**9))
     assert nvcc.is_stale(source, built)
     assert nvcc.ensure_modules().cnn == built and built.stat().st_mtime_ns != first
     assert set(re.findall(rb"sm_\d+", built.read_bytes())) == {arch.encode() for arch in nvcc.MACHINE_ARCHS}
-    assert nvcc.main(["--arch", "sm_90", "--no-ladder"]) == 0
+    assert buildstep.main(["--arch", "sm_90", "--no-ladder"]) == 0
     assert set(re.findall(rb"sm_\d+", built.read_bytes())) == {b"sm_90"}
 
 
@@ -55,7 +55,7 @@ def test_missing_nvcc_is_a_one_line_error(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setattr(nvcc, "kernel_source", lambda name="kernel.cu": tmp_path / name)
     with pytest.raises(DeviceError, match="kernel.fatbin is missing: run `python build.py`"):
         nvcc.ensure_modules()
-    assert nvcc.main(["--no-ladder"]) == 2
+    assert buildstep.main(["--no-ladder"]) == 2
     assert capsys.readouterr().err.startswith("build.py: nvcc not found on PATH")
 
 
