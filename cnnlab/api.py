@@ -19,7 +19,7 @@ import numpy as np
 from cnnlab.arrays import device_array, host_images
 from cnnlab.cpu import CpuBackend
 from cnnlab.errors import ArrayError, UsageError
-from cnnlab.formats import ImageReader, open_images
+from cnnlab.formats import ImageReader, open_images, trailing_data_note
 from cnnlab.labcsv import read_cnn
 from cnnlab.network import INPUT_DIM, OUT_LAYER_SIZE, Cnn, ImageBatch, require_finite
 from cnnlab.run import fill_images
@@ -69,9 +69,9 @@ def load_image_batches(path: str | os.PathLike, batch: int = 1024) -> Iterator[n
 
 
 def _warn_trailing(path: str | os.PathLike, reader: ImageReader) -> None:
-    line = reader.trailing_data_line()
-    if line is not None:
-        warnings.warn(f"{path}:{line}: data after the {reader.count} matrices the first line announces is ignored", stacklevel=3)
+    note = trailing_data_note(path, reader.count, reader.trailing_data_line())
+    if note is not None:
+        warnings.warn(note, stacklevel=3)
 
 
 def forward(images: Any, cnn: Cnn, device: str = "cpu", out: Any = None) -> Any:

@@ -203,18 +203,29 @@ def write_report(report: BenchReport, json_path: str | None, plot_path: str | No
 
 
 def draw_plot(report: BenchReport) -> Any:
-    """The figure `bench --plot` saves: each row's images/s beside its bound or reference, on a log scale, and,
-    where the GPU ran, images/s against the images per compute() call."""
+    """The figure `bench --plot` saves, a panel for each kind of row that ran: each row's images/s beside its bound or
+    reference, on a log scale; where the GPU ran, images/s against the images per compute() call; the ladder."""
     plt = import_pyplot()
     every_row = ratios(report)
-    keyed = {row["key"]: row for row in every_row if row["key"]}
     rows = [row for row in every_row if row["row"] not in LADDER_ROWS]
     ladder = [row for row in every_row if row["row"] in LADDER_ROWS and row["key"] is None]
     sweeps = {name: points for name, points in asdict(report.sweep).items() if points}
-    panels = 1 + bool(sweeps) + bool(ladder)
+    drawers = [draw for draw, present in ((_plot_rows, rows), (_plot_sweep, sweeps), (_plot_ladder, ladder)) if present]
     height = 1.2 + 0.35 * max(len(rows), len(ladder), 4)
-    figure, axes = plt.subplots(1, panels, figsize=(8 + 6 * (panels - 1), height), squeeze=False)
-    bars = axes[0][0]
+    figure, axes = plt.subplots(1, max(1, len(drawers)), figsize=(8 + 6 * max(0, len(drawers) - 1), height), squeeze=False)
+    for draw, panel in zip(drawers, axes[0]):
+        draw(panel, report, every_row)
+    if not drawers:  # nothing ran: the figure says why
+        axes[0][0].axis("off")
+        axes[0][0].text(0, 0.5, "\n".join(["no rows ran", *report.notes])[:2000], fontsize=8, va="center", wrap=True)
+    figure.tight_layout()
+    return figure
+
+
+def _plot_rows(bars: Any, report: BenchReport, every_row: list[dict[str, Any]]) -> None:
+    """Each row's images/s beside its bound or reference, on a log scale."""
+    keyed = {row["key"]: row for row in every_row if row["key"]}
+    rows = [row for row in every_row if row["row"] not in LADDER_ROWS]
     positions = range(len(rows))[::-1]  # the table's order, top to bottom
     bars.barh(list(positions), [row["images_per_second"] for row in rows], color="C0")
     bounded = [(position, keyed[row["bound"]]["images_per_second"]) for position, row in zip(positions, rows) if row["bound"] in keyed]
@@ -232,18 +243,17 @@ def draw_plot(report: BenchReport) -> Any:
         xlabel="images/s (log scale); red mark: the bound or reference the row is measured against",
         title=report.device or report.machine,
     )
-    if sweeps:
-        sweep = axes[0][1]
-        for name, points in sweeps.items():
+
+
+def _plot_sweep(sweep: Any, report: BenchReport, every_row: list[dict[str, Any]]) -> None:
+    """images/s against the images per compute() call, with the lab's scheme and the copy bounds as lines."""
+    for name, points in asdict(report.sweep).items():
+        if points:
             sweep.plot(*zip(*points), "o-", label=f"cuda, {name}")
-        for color, row in enumerate((row for row in rows if row["row"] in ("lab", "bounds")), start=2):
-            sweep.axhline(row["images_per_second"], color=f"C{color}", linestyle="--", linewidth=1, label=row["name"][:50])
-        sweep.set(xscale="log", yscale="log", xlabel="images per compute() call", ylabel="images/s", title="batch sweep")
-        sweep.legend(fontsize=7, loc="lower right")
-    if ladder:
-        _plot_ladder(axes[0][panels - 1], report, every_row)
-    figure.tight_layout()
-    return figure
+    for color, row in enumerate((row for row in every_row if row["row"] in ("lab", "bounds")), start=2):
+        sweep.axhline(row["images_per_second"], color=f"C{color}", linestyle="--", linewidth=1, label=row["name"][:50])
+    sweep.set(xscale="log", yscale="log", xlabel="images per compute() call", ylabel="images/s", title="batch sweep")
+    sweep.legend(fontsize=7, loc="lower right")
 
 
 def _plot_ladder(axes: Any, report: BenchReport, rows: list[dict[str, Any]]) -> None:

@@ -1,7 +1,7 @@
 """The command line: `cnnlab cpu|cuda|generate|compare|bench`, the lab's commands and a few more.
 
 This is the only place where errors become one-line messages and exit statuses: 0 success,
-1 outputs that differ (compare), 2 bad usage or a failed run, 130/143 interrupted (SIGINT/SIGTERM),
+1 outputs that differ (compare), 2 bad usage or a failed run, 130/143/129 interrupted (SIGINT/SIGTERM/SIGHUP),
 141 standard output closed early (as a Unix tool killed by SIGPIPE; quietly).
 """
 
@@ -30,6 +30,7 @@ from cnnlab.errors import (
     shown,
 )
 from cnnlab.filesafety import AtomicOutput, output_target, refuse_same_file
+from cnnlab.formats import trailing_data_note
 from cnnlab.labcsv import read_cnn
 from cnnlab.ladder import BY_NAME, DEFAULT_KERNEL
 from cnnlab.network import Backend, Cnn
@@ -94,11 +95,9 @@ def make_backend(mode: str, cnn: Cnn, batch_size: int | None, host_parse: bool =
 
 
 def _warn_trailing(input_path: str | os.PathLike, images: int, line: int | None) -> None:
-    if line is not None:
-        print(
-            f"cnnlab: warning: {input_path}:{line}: data after the {images} matrices the first line announces is ignored",
-            file=sys.stderr,
-        )
+    note = trailing_data_note(input_path, images, line)
+    if note is not None:
+        print(f"cnnlab: warning: {note}", file=sys.stderr)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -123,8 +122,8 @@ def _run(args: argparse.Namespace) -> int:
         stats = run_network(backend, input_path, output_path, read_ahead=args.read_ahead)
         device = backend.device
     _warn_trailing(input_path, stats.images, stats.trailing_data_line)
-    # With the outputs on standard output, the lab's line goes to stderr, so that the outputs stay a clean file.
-    _say(f"{stats.work_microseconds} microseconds of actual work done", sys.stderr if output_path == STANDARD_STREAM else sys.stdout)
+    # With the outputs on standard output (`-`, /dev/stdout), the lab's line goes to stderr: the outputs stay a clean file.
+    _say(f"{stats.work_microseconds} microseconds of actual work done", sys.stderr if output.descriptor == 1 else sys.stdout)
     if args.timing_json is not None:
         figures = {
             "mode": args.mode,
@@ -258,7 +257,6 @@ def build_parser() -> argparse.ArgumentParser:
             run.add_argument(
                 "--kernel",
                 choices=list(BY_NAME),
-                default=DEFAULT_KERNEL,
                 metavar="NAME",
                 help=f"the rung of the optimization ladder that computes (README; default {DEFAULT_KERNEL}, the design card's "
                 f"conv2d_relu + flattened_to_dense): {', '.join(BY_NAME)}",

@@ -16,7 +16,7 @@ from cnnlab.errors import InputFileError
 from cnnlab.filesafety import AtomicOutput
 from cnnlab.formats import ImageReader, holds_images, is_npy, open_images, read_outputs
 from cnnlab.labcsv import format_rows, write_input_file
-from cnnlab.network import CONV_LAYER_SIZE, FILTER_DIM, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM
+from cnnlab.network import CONV_LAYER_SIZE, FILTER_DIM, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM, first_nonfinite
 from cnnlab.npy import NpyWriter
 from cnnlab.progress import Progress
 
@@ -46,11 +46,10 @@ def _batches(reader: ImageReader) -> Iterator[np.ndarray]:
 
 def _refuse_non_finite(input_path: str | os.PathLike, values: np.ndarray, what: str, first: int = 0) -> None:
     """CSV holds finite values only (its readers refuse the rest): a NaN or an infinity is not written there."""
-    finite = np.isfinite(values.reshape(len(values), -1)).all(axis=1)
-    if not finite.all():
-        index = int(np.argmin(finite))
-        value = values[index][~np.isfinite(values[index])][0]
-        raise InputFileError(input_path, f"{what} {first + index + 1} holds {value}, which the lab's CSV cannot hold (finite values only)")
+    index = first_nonfinite(values)
+    if index is not None:
+        value = values[index]
+        raise InputFileError(input_path, f"{what} {first + index[0] + 1} holds {value}, which CSV cannot hold (finite values only)")
 
 
 def _finite_images(input_path: str | os.PathLike, batches: Iterator[np.ndarray]) -> Iterator[np.ndarray]:

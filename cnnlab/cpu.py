@@ -25,6 +25,7 @@ from cnnlab.network import (
     Cnn,
     ImageBatch,
     OutputBatch,
+    nonfinite_error,
 )
 
 # Images per numpy pass: small enough that the (25, n, 10, 400) product array stays in cache.
@@ -84,7 +85,9 @@ class CpuBackend:
     def allocate_images(self, count: int) -> np.ndarray:
         return np.empty((count, INPUT_DIM, INPUT_DIM))
 
-    def _forward_pass(self, images: np.ndarray, out: np.ndarray) -> None:
+    def _forward_pass(self, images: np.ndarray, out: np.ndarray, check_finite: bool) -> None:
+        if check_finite and not (np.isfinite(images.min()) and np.isfinite(images.max())):  # two reductions, no temporary
+            raise nonfinite_error("images")
         by_size = self._scratch.__dict__.setdefault("by_size", {})
         scratch = by_size.get(len(images))
         if scratch is None:
@@ -94,13 +97,16 @@ class CpuBackend:
         with np.errstate(over="ignore", invalid="ignore"):  # per thread: this is the pool's thread
             forward(images, self._filters_by_tap, self._weights_by_input, out, scratch)
 
-    def compute(self, batch: ImageBatch) -> OutputBatch:
+    def compute(self, batch: ImageBatch, check_finite: bool = False) -> OutputBatch:
+        """The batch's outputs; `check_finite`: an ArrayError where an image holds a NaN or an infinity (checked a
+        pass at a time, on the pass's thread, so the check costs a fraction of the pass)."""
         images = batch.images
         outputs = np.empty((len(images), OUT_LAYER_SIZE))
-        starts = range(0, len(images), PASS_IMAGES)
-        for _ in self._pool.map(
-            lambda start: self._forward_pass(images[start : start + PASS_IMAGES], outputs[start : start + PASS_IMAGES]), starts
-        ):
+
+        def forward_pass(start: int) -> None:
+            self._forward_pass(images[start : start + PASS_IMAGES], outputs[start : start + PASS_IMAGES], check_finite)
+
+        for _ in self._pool.map(forward_pass, range(0, len(images), PASS_IMAGES)):
             pass
         return OutputBatch(outputs)
 

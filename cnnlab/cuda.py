@@ -30,7 +30,7 @@ import numpy as np
 
 from cnnlab.arrays import DeviceArray, check_device_images, check_device_outputs, device_array, host_images
 from cnnlab.errors import ArrayError, DeviceError, DeviceLostError, memory_limit_note
-from cnnlab.kernels import SumSegments
+from cnnlab.kernels import FindNonFinite, SumSegments
 from cnnlab.ladder import KERNEL_BUILD, DeviceSetup, LaunchConfig, launcher
 from cnnlab.lanes import (
     Allocator,
@@ -191,6 +191,7 @@ class CudaContext:
                 self.setup.add_module(KERNEL_BUILD, self._module)
                 self._launcher: Launcher = launcher(self.config.kernel, self.setup, self.config)
                 self._sum_segments = SumSegments(self._module, self.setup.sm_count, self._launcher.segments)
+                self._find_nonfinite = FindNonFinite(self._module, self.setup.sm_count)
             self._make_lanes()
         except BaseException:
             self.close()
@@ -240,10 +241,12 @@ class CudaContext:
     def free(self, images: DeviceImages) -> None:
         self._memory.free(images.allocation)
 
-    def compute(self, batch: ImageBatch | Any) -> OutputBatch:
-        """Outputs for a host batch of images, or of CSV text (labcsv.CsvBatch) parsed here on the device."""
+    def compute(self, batch: ImageBatch | Any, check_finite: bool = False) -> OutputBatch:
+        """Outputs for a host batch of images, or of CSV text (labcsv.CsvBatch) parsed here on the device (its values
+        are finite: the parser refuses the rest). `check_finite`: an ArrayError where an image holds a NaN or an infinity."""
         if isinstance(batch, ImageBatch):
-            return self._run(len(batch), HostImages(batch.images, self._chunk, self._memory.is_page_locked(batch.images)))
+            source = HostImages(batch.images, self._chunk, self._memory.is_page_locked(batch.images))
+            return self._run(len(batch), source, check_finite=check_finite)
         chunk = self.csv_text.chunk_images
         return self._run(len(batch), CsvText(batch, chunk, self._csv_module), chunk)
 
@@ -260,8 +263,8 @@ class CudaContext:
         trip through the host; it must be C-ordered float64 then. Returns a (N, 10) float64 numpy
         array, (10,) for one image; or, given `out`, a device array of that shape (float64,
         C-contiguous), writes the outputs there on the device and returns `out`. A NaN or an infinity
-        in the images (found by the convolution kernel as it reads them) raises ArrayError, and
-        leaves `out` undefined. Returns once the outputs are written.
+        in the images (found by conv2d_relu as it reads them, or by find_nonfinite for a rung
+        that makes no such check) raises ArrayError, and leaves `out` undefined. Returns once the outputs are written.
         """
         source_array = device_array(images)
         host: np.ndarray | None = None
@@ -288,13 +291,9 @@ class CudaContext:
             source: ChunkSource = HostImages(host, self._chunk, page_locked)
         else:
             source = ResidentImages(source_array.address, self._chunk)
-        if host is not None and not self._launcher.checks_finite:
-            require_finite("images", host)  # this rung's kernels do not look: the host does, before the copy
         try:
             if target is None:
                 values = self._run(count, source, check_finite=True).values
-                if source_array is not None and not self._launcher.checks_finite and not np.isfinite(values).all():
-                    raise nonfinite_error("images", "a NaN or an infinity (found in their outputs)")
                 return values[0] if single else values
             self._schedule(count, source, self._chunk, DeviceOutputs(self._sum_segments, target.address, self._chunk), True)
             return out
@@ -349,11 +348,12 @@ class CudaContext:
         """Every chunk (of `chunk` images, at most the lanes' size) through a lane, a round of one chunk
         per lane at a time: first every lane's images are brought in, then each lane's kernels are
         queued and `outputs` takes its partials. `check_finite`: raise ArrayError if any image value
-        was a NaN or an infinity."""
+        was a NaN or an infinity (found by conv2d_relu as it loads them, or, for a rung whose kernels make
+        no such check, by find_nonfinite before them)."""
         lanes = len(self._lanes)
         chunks = math.ceil(count / chunk)
         flag = np.zeros(1, np.int32)
-        check_finite = check_finite and self._launcher.checks_finite
+        separate_check = check_finite and not self._launcher.checks_finite
         with device_errors("CUDA error while computing"):
             if check_finite:
                 self._driver.memset_d32(self.setup.nonfinite, 0, 1)
@@ -363,8 +363,10 @@ class CudaContext:
                     source.start(self._lanes[index % lanes], index)
                 for index in round_:
                     lane = self._lanes[index % lanes]
-                    images = min(chunk, count - index * chunk)
-                    lane.run(self._launcher, source.images(lane, index), images)
+                    images, address = min(chunk, count - index * chunk), source.images(lane, index)
+                    if separate_check:
+                        self._find_nonfinite(lane.stream, address, images, self.setup.nonfinite)
+                    lane.run(self._launcher, address, images)
                     outputs.take(lane, index, images)
             outputs.finish(self._lanes)
             if check_finite:
@@ -466,7 +468,7 @@ class CudaContext:
                 self._free_lanes()
                 self._memory.free_all()
                 self._host_partials, self._chunk_done = None, []
-                self._launcher = self.setup = self._sum_segments = self._module = self._csv_module = None
+                self._launcher = self.setup = self._sum_segments = self._find_nonfinite = self._module = self._csv_module = None
         finally:
             self._context.pop()
             self._context.detach()

@@ -20,7 +20,7 @@ import stat
 import sys
 import tempfile
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, BinaryIO
@@ -177,14 +177,15 @@ def _take_mode(descriptor: int, target: str) -> None:
     usual mode of a new file (0666 less the umask): replacing a private file must not make it readable to all."""
     try:
         status = os.stat(target)
+        mode, owner = stat.S_IMODE(status.st_mode), (status.st_uid, status.st_gid)
     except FileNotFoundError:
-        os.fchmod(descriptor, 0o666 & ~_UMASK)
-        return
-    os.fchmod(descriptor, stat.S_IMODE(status.st_mode))
-    try:
-        os.fchown(descriptor, status.st_uid, status.st_gid)
-    except PermissionError:  # not ours to give: the file becomes ours, with its old mode
-        pass
+        mode, owner = 0o666 & ~_UMASK, None
+    # Both where the file system lets us: one that keeps no modes (vfat), or an owner not ours to give, is no failure.
+    with suppress(OSError):
+        os.fchmod(descriptor, mode)
+    if owner is not None:
+        with suppress(OSError):
+            os.fchown(descriptor, *owner)
 
 
 class _GuardedStream:
@@ -219,6 +220,13 @@ class AtomicOutput:
 
     def open(self) -> _GuardedStream:
         target = self._target = output_target(self.path)
+        try:
+            return self._open(target)
+        except BaseException:  # a failure (or a signal) after the temporary file was made: it goes
+            self.discard()
+            raise
+
+    def _open(self, target: OutputTarget) -> _GuardedStream:
         try:
             if target.descriptor is not None:
                 for stream in (sys.stdout, sys.stderr):  # what was printed before comes first

@@ -21,6 +21,7 @@ class ImageReader(Protocol):
 
     count: int  # N, the images the file announces
     stop: threading.Event  # set to end a read that waits on a pipe (the run is stopping)
+    values_finite: bool  # every value it reads is known finite (CSV's parsers refuse the rest; a .npy file may hold any)
     capacity: int  # the most images the file's size leaves room for (N where it cannot be known): buffers need no more
     images_read: int
     step: int  # images per read_into() call that keep a read both efficient and quick to stop
@@ -69,3 +70,8 @@ def holds_images(path: str | os.PathLike) -> bool:
     """Whether `path` is an input file (images) rather than an output file (rows of values): a 3-D
     .npy array, or a CSV file whose first line is a lone count."""
     return len(npy.read_shape(path)) == 3 if is_npy(path) else labcsv.starts_with_count(path)
+
+
+def trailing_data_note(path: str | os.PathLike, images: int, line: int | None) -> str | None:
+    """What to say of data after the N matrices an input file announces (the lab's reader ignored it), or None."""
+    return None if line is None else f"{path}:{line}: data after the {images} matrices the first line announces is ignored"

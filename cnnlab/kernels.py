@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from cnnlab.network import CONV_LAYER_SIZE, CONV_OUT_DIM, FILTER_DIM, IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM
+from cnnlab.network import CONV_LAYER_SIZE, CONV_OUT_DIM, FILTER_DIM, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM
 
 CONV_BANDS_PER_BLOCK = 8  # output rows (bands of 5 input rows) one conv2d_relu thread block handles at a time
 CONV_THREADS = CONV_BANDS_PER_BLOCK * CONV_OUT_DIM  # conv2d_relu's thread-block size: a thread per output column
@@ -38,11 +38,6 @@ def kernel_sizes() -> dict[str, int]:
 def nvcc_defines(sizes: dict[str, int] | None = None) -> list[str]:
     """kernel_sizes() as nvcc -D flags, with `sizes` added or put in their place (the ladder's builds)."""
     return [f"-D{name}={value}" for name, value in {**kernel_sizes(), **(sizes or {})}.items()]
-
-
-def device_bytes_per_image(segments: int) -> int:
-    """Device-memory traffic per image: its input read, conv_out written and read back, its partials written."""
-    return IMAGE_BYTES + 2 * OUT_NEURON_DIM * 8 + segments * OUT_LAYER_SIZE * 8
 
 
 class Conv2dRelu:
@@ -97,3 +92,19 @@ class SumSegments:
         self._function.prepared_async_call(
             grid, (self.THREADS, 1, 1), stream, partials, outputs, np.int32(count), np.int32(stride), np.int32(self._segments)
         )
+
+
+class FindNonFinite:
+    """find_nonfinite(values, count, nonfinite): conv2d_relu's finite check alone, for the rungs that make none."""
+
+    THREADS = 256
+
+    def __init__(self, module: Any, sm_count: int) -> None:
+        self._function = module.get_function("find_nonfinite")
+        self._function.prepare("PqP")
+        self._max_blocks = sm_count * BLOCKS_PER_SM
+
+    def __call__(self, stream: Any, images: Any, count: int, nonfinite: Any) -> None:
+        values = count * INPUT_DIM * INPUT_DIM
+        grid = (min(math.ceil(values / 2 / self.THREADS), self._max_blocks), 1)
+        self._function.prepared_async_call(grid, (self.THREADS, 1, 1), stream, images, np.int64(values), nonfinite)

@@ -140,6 +140,8 @@ class CsvImageReader:
     of PARSE_IMAGES images, and the blocks parsed `threads` at once (the native parser releases the GIL).
     """
 
+    values_finite = True  # the parsers refuse a NaN, an infinity or a value that overflows
+
     def __init__(self, path: str | os.PathLike, threads: int | None = None, memory: TextMemory | None = None) -> None:
         self.path = path
         threads = threads or os.cpu_count() or 1

@@ -6,8 +6,9 @@ Each rung is a kernel source in kernel/ladder/ (rung 6 is kernel/kernel.cu, the 
 that opens with what it changes from the rung below, how its threads map to the data and its
 napkin math; here each has its sizes, defined once and passed to nvcc as -D flags, its traffic
 model and one small launcher. Every launcher has the same interface: it writes
-partials[segments][stride][10] that the host adds up, exactly as the default design does, so
-CudaContext runs any rung through the same lanes (`LaunchConfig.kernel`).
+partials[segments][stride][10] that the host adds up (or sum_segments on the device, for the API's
+out=), exactly as the default design does, so CudaContext runs any rung through the same lanes
+(`LaunchConfig.kernel`).
 """
 
 from __future__ import annotations
@@ -252,7 +253,7 @@ class WarpShuffle:
 
 
 class OneKernel:
-    """Rungs 8 and 9: one fused kernel (images, weights, partials, count) on a persistent grid that fills
+    """Rungs 8, 9 and 11: one fused kernel (images, weights, partials, count) on a persistent grid that fills
     the device, each block `images_per_block` images at a time; segments = 1."""
 
     segments, needs_conv_out, checks_finite = 1, False, False

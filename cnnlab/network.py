@@ -79,13 +79,19 @@ def host_array(name: str, value: Any) -> np.ndarray:
     return array
 
 
-def require_finite(name: str, array: np.ndarray) -> None:
-    """Raise an ArrayError naming the first NaN or infinity in `array`, if it holds one."""
+def first_nonfinite(array: np.ndarray) -> tuple[int, ...] | None:
+    """The index of the first NaN or infinity in `array`, or None where it holds none."""
     # min and max are NaN where a NaN is and infinite where an infinity is: two fast reductions, no temporary.
     if array.size == 0 or (np.isfinite(array.min()) and np.isfinite(array.max())):
-        return
-    index = tuple(int(i) for i in np.argwhere(~np.isfinite(array))[0])
-    raise nonfinite_error(name, f"{array[index]} at index {index}")
+        return None
+    return tuple(int(i) for i in np.argwhere(~np.isfinite(array))[0])
+
+
+def require_finite(name: str, array: np.ndarray) -> None:
+    """Raise an ArrayError naming the first NaN or infinity in `array`, if it holds one."""
+    index = first_nonfinite(array)
+    if index is not None:
+        raise nonfinite_error(name, f"{array[index]} at index {index}")
 
 
 def nonfinite_error(name: str, what: str = "a NaN or an infinity") -> ArrayError:
@@ -179,8 +185,9 @@ class Backend(Protocol):
         """Give back a buffer allocate_text() made."""
         ...
 
-    def compute(self, batch: ImageBatch) -> OutputBatch:
-        """The network's outputs for every image of the batch, in order."""
+    def compute(self, batch: ImageBatch, check_finite: bool = False) -> OutputBatch:
+        """The network's outputs for every image of the batch, in order; `check_finite`: an ArrayError where an image
+        holds a NaN or an infinity (for images no parser has checked: a .npy file's)."""
         ...
 
     def __enter__(self) -> Backend: ...

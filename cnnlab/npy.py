@@ -79,6 +79,8 @@ def _read_header(path: str | os.PathLike, file: IO[bytes]) -> tuple[tuple[int, .
 class NpyImageReader:
     """A (N, 100, 100) float64 .npy file, read a batch at a time into the caller's buffer."""
 
+    values_finite = False  # a .npy file may hold NaNs and infinities: the backend checks as it computes
+
     step = 1024  # images per read_into() call that a reader thread makes: 80 MB
 
     def __init__(self, path: str | os.PathLike) -> None:
@@ -151,7 +153,11 @@ class NpyWriter:
 
     def __enter__(self) -> NpyWriter:
         self._file = self._output.__enter__()
-        np.lib.format.write_array_header_2_0(self._file, {"descr": DTYPE.str, "fortran_order": False, "shape": self._shape})
+        try:
+            np.lib.format.write_array_header_2_0(self._file, {"descr": DTYPE.str, "fortran_order": False, "shape": self._shape})
+        except BaseException:  # a full disk already: the temporary file goes
+            self._output.discard()
+            raise
         return self
 
     def write_rows(self, rows: np.ndarray) -> None:

@@ -24,7 +24,7 @@ from cnnlab.resources import is_checkout, resource_dir
 
 DEFAULT_ARCH = "compute_75"  # the oldest architecture CUDA 13 supports: its PTX runs on any GPU CUDA 13 does
 MACHINE_ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90")
-ENTRY_POINTS = ("conv2d_relu", "flattened_to_dense", "sum_segments")
+ENTRY_POINTS = ("conv2d_relu", "flattened_to_dense", "sum_segments", "find_nonfinite")
 SOURCES = ("kernel.cu", "csv.cu")  # the CNN's kernels; the CSV parser's
 BUILD_HINT = "run `python build.py` in a checkout (needs nvcc, the CUDA toolkit's compiler)"
 PACKAGE_BUILD_HINT = (
@@ -105,31 +105,26 @@ def fatbin_path(build: Build) -> Path:
     return source.with_name(f"{source.stem}{'.' + build.variant if build.variant else ''}.fatbin")
 
 
-def ensure_fatbin(build: Build) -> Path:
-    """The fatbin of one ladder build, built first where missing or stale (the rule of ensure_modules)."""
-    source, fatbin = kernel_source(build.source), fatbin_path(build)
-    if is_stale(source, fatbin, ladder_inputs(source)):
-        if shutil.which("nvcc") is None or not os.access(fatbin.parent, os.W_OK):
-            state = "missing" if not fatbin.exists() else f"older than {build.source}"
-            raise DeviceError(f"{fatbin} is {state}: {BUILD_HINT}")
-        build_fatbin(source, fatbin, sizes=build.sizes)
-    return fatbin
-
-
-def ensure_modules() -> Modules:
-    """The fatbins beside the kernel sources, built first where missing or (in a checkout) older than their sources.
+def _ensure(source: Path, fatbin: Path, extra: Sequence[Path] = (), sizes: Mapping[str, int] | None = None) -> Path:
+    """`fatbin`, built first where missing or (in a checkout) older than its inputs.
 
     An installed package's fatbins were built from its own sources when its wheel was made, and pip
     gives the files it unpacks new times in any order: there a fatbin is used as it is.
     """
-    built = []
-    for name in SOURCES:
-        source = kernel_source(name)
-        fatbin = source.with_suffix(".fatbin")
-        if not fatbin.exists() or (is_checkout() and is_stale(source, fatbin)):
-            if shutil.which("nvcc") is None or not os.access(fatbin.parent, os.W_OK):
-                state = "missing" if not fatbin.exists() else f"older than {name}"
-                raise DeviceError(f"{fatbin} is {state}: {BUILD_HINT if is_checkout() else PACKAGE_BUILD_HINT}")
-            build_fatbin(source, fatbin)
-        built.append(fatbin)
-    return Modules(*built)
+    if not fatbin.exists() or (is_checkout() and is_stale(source, fatbin, extra)):
+        if shutil.which("nvcc") is None or not os.access(fatbin.parent, os.W_OK):
+            state = "missing" if not fatbin.exists() else f"older than {source.name}"
+            raise DeviceError(f"{fatbin} is {state}: {BUILD_HINT if is_checkout() else PACKAGE_BUILD_HINT}")
+        build_fatbin(source, fatbin, sizes=sizes)
+    return fatbin
+
+
+def ensure_fatbin(build: Build) -> Path:
+    """The fatbin of one ladder build (see _ensure)."""
+    source = kernel_source(build.source)
+    return _ensure(source, fatbin_path(build), ladder_inputs(source), build.sizes)
+
+
+def ensure_modules() -> Modules:
+    """The fatbins of the CNN's kernels and the CSV parser's (see _ensure)."""
+    return Modules(*(_ensure(kernel_source(name), kernel_source(name).with_suffix(".fatbin")) for name in SOURCES))

@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from cnnlab.errors import InputFileError
+from cnnlab.errors import ArrayError, InputFileError
 from cnnlab.formats import ImageReader, open_images, open_outputs
 from cnnlab.labcsv import CsvBatch, CsvImageReader
-from cnnlab.network import Backend, ImageBatch, OutputBatch
+from cnnlab.network import Backend, ImageBatch, OutputBatch, first_nonfinite
 from cnnlab.progress import Progress
 
 Batch = ImageBatch | CsvBatch
@@ -159,9 +159,12 @@ def run_network(
                 for batch in batches:
                     startup_seconds = process_age() if startup_seconds is None else startup_seconds
                     start = time.perf_counter()
-                    outputs = backend.compute(batch)
+                    try:
+                        outputs = backend.compute(batch, check_finite=not reader.values_finite)
+                    except ArrayError:
+                        raise _non_finite_image(input_path, batch, images_done) from None
                     work_seconds += time.perf_counter() - start
-                    _refuse_non_finite(input_path, batch, outputs, images_done)
+                    _refuse_non_finite(input_path, outputs, images_done)
                     output.write(outputs)
                     images_done += len(outputs)
                     progress.update(images_done)
@@ -172,18 +175,22 @@ def run_network(
     return RunStats(reader.count, work_seconds, loop_seconds, batch_size, trailing, startup_seconds)
 
 
-def _refuse_non_finite(input_path: str | os.PathLike, batch: Batch, outputs: OutputBatch, first_image: int) -> None:
-    """Outputs that are not finite are refused, naming the first such image (counted from 1), rather than written
-    where `compare` and `convert` could not read them back: finite inputs near 1e308 overflow on the way, and
-    a .npy file may hold a NaN or an infinity (CSV text never does: its parsers refuse them)."""
-    finite = np.isfinite(outputs.values).all(axis=1)
-    if finite.all():
-        return
-    index = int(np.argmin(finite))
-    if isinstance(batch, ImageBatch) and not np.isfinite(batch.images[index]).all():
-        value = batch.images[index][~np.isfinite(batch.images[index])][0]
-        raise InputFileError(input_path, f"image {first_image + index + 1} holds {value}: the network takes finite values only")
-    raise InputFileError(input_path, f"the outputs of image {first_image + index + 1} are not finite: the network overflows float64 on it")
+def _non_finite_image(input_path: str | os.PathLike, batch: Batch, first_image: int) -> InputFileError:
+    """The error naming the first image (counted from 1) of a batch that holds a NaN or an infinity."""
+    assert isinstance(batch, ImageBatch)  # CSV text is never refused here: its parsers refuse such values
+    index = first_nonfinite(batch.images)
+    assert index is not None
+    value = batch.images[index]
+    return InputFileError(input_path, f"image {first_image + index[0] + 1} holds {value}: the network takes finite values only")
+
+
+def _refuse_non_finite(input_path: str | os.PathLike, outputs: OutputBatch, first_image: int) -> None:
+    """Outputs that are not finite (finite inputs near 1e308 overflow on the way) are refused, naming the first
+    such image (counted from 1), rather than written where `compare` and `convert` could not read them back."""
+    index = first_nonfinite(outputs.values)
+    if index is not None:
+        image = first_image + index[0] + 1
+        raise InputFileError(input_path, f"the outputs of image {image} are not finite: the network overflows float64 on it")
 
 
 def process_age() -> float | None:

@@ -1,8 +1,8 @@
 // The Lab 3 CNN's two layers as CUDA kernels over a batch of images, all float64.
 //
-// Build:  python build.py            (nvcc -ptx with the sizes as -D flags, virtual architecture
-//                                     compute_75: the driver compiles the PTX for the GPU it loads on)
-// Run:    python -m cnnlab cuda      (cnnlab/cuda.py loads kernel/kernel.ptx and launches these)
+// Build:  python build.py            (nvcc to kernel/kernel.fatbin with the sizes as -D flags: machine code
+//                                     for sm_75..sm_90 and compute_75 PTX for any newer GPU)
+// Run:    python -m cnnlab cuda      (cnnlab/cuda.py loads kernel/kernel.fatbin and launches these)
 // Check:  pytest -m gpu tests/test_cuda.py   (outputs against the numpy CPU backend, the reference)
 //
 // Data layout (row-major, as the lab's files):
@@ -147,4 +147,22 @@ sum_segments(const double *__restrict__ partials, double *__restrict__ outputs, 
             sum = __dadd_rn(sum, partials[(long long)s * stride * OUT_LAYER_SIZE + k]);
         outputs[k] = sum;
     }
+}
+
+// find_nonfinite: sets *nonfinite to 1 where any of `count` doubles is a NaN or an infinity. It is the
+// check conv2d_relu makes as it loads its tile, on its own, for the rungs of the ladder whose kernels
+// make none (cnnlab/cuda.py runs it before them where the images are not known to be finite): one
+// more read of the images, 16 bytes a thread at a time, grid-stride, at the copy rate. `count` is a
+// whole number of images, so even.
+extern "C" __global__ void
+find_nonfinite(const double *__restrict__ values, long long count, int *__restrict__ nonfinite)
+{
+    const double2 *pairs = reinterpret_cast<const double2 *>(values);
+    bool finite = true;
+    for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < count / 2; k += (long long)gridDim.x * blockDim.x) {
+        const double2 pair = pairs[k];
+        finite &= isfinite(pair.x) & isfinite(pair.y);
+    }
+    if (!finite)
+        *nonfinite = 1;  // every writer writes the same value: no atomic needed
 }

@@ -137,12 +137,16 @@ def test_device_arrays_the_kernels_cannot_read_are_refused(rng: np.random.Genera
 
 
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
-def test_values_that_are_not_finite_are_found_by_the_kernel(rng: np.random.Generator, library: Library, value: float) -> None:
-    """-inf would even vanish in the ReLU: the convolution kernel flags it as it reads it."""
+@pytest.mark.parametrize("kernel", ["warp_shuffle", "fused_tiled_fma", "lab"])
+def test_values_that_are_not_finite_are_found_by_the_kernel(rng: np.random.Generator, library: Library, value: float, kernel: str) -> None:
+    """-inf would even vanish in the ReLU: the convolution kernel flags it as it reads it (the default rung), or
+    find_nonfinite does before the rung's kernels (rungs that make no check of their own)."""
+    from cnnlab.ladder import LaunchConfig
+
     cnn = random_cnn(rng)
     images = random_values(rng, 900, 100, 100)
     images[801, 99, 98] = value
-    with cnnlab.CudaContext(cnn) as gpu:
+    with cnnlab.CudaContext(cnn, config=LaunchConfig(kernel=kernel)) as gpu:
         with pytest.raises(cnnlab.ArrayError, match=r"images hold (nan|-?inf) at index \(801, 99, 98\)"):
             gpu.forward(images)  # from the host: the host's copy names where
         with pytest.raises(cnnlab.ArrayError, match="images hold a NaN or an infinity: the network takes finite values only"):

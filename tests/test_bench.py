@@ -108,16 +108,18 @@ def test_the_plot_draws_each_row_against_its_bound(gpu_ran: bool) -> None:
         assert [tuple(xy) for xy in sweep[0].lines[0].get_xydata()] == report.sweep.pinned
 
 
-def test_bench_plot_without_a_gpu_writes_a_drawing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("rows", ["cpu,reader", "kernels", "pinned"])
+def test_bench_plot_on_any_machine_writes_a_drawing(tmp_path: Path, rows: str) -> None:
+    # Without a GPU, the GPU rows leave only notes: the drawing then says that no rows ran, and why.
     import matplotlib.image
 
-    sizes = ["--cpu-images", "8", "--reader-images", "2", "--repeats", "1", "--images", "256"]  # --images: the sweep, where a GPU is
-    result = cnnlab("bench", "--rows", "cpu,reader", *sizes, "--plot", tmp_path / "bench.png")
+    sizes = ["--cpu-images", "8", "--reader-images", "2", "--repeats", "1", "--images", "256", "--lab-images", "4"]
+    result = cnnlab("bench", "--rows", rows, *sizes, "--plot", tmp_path / "bench.png")
     assert result.returncode == 0, result.stderr
     assert "matplotlib" not in result.stderr
     pixels = matplotlib.image.imread(tmp_path / "bench.png")
     assert pixels.shape[0] > 200 and pixels.shape[1] > 600
-    assert (pixels[..., :3] < 0.5).mean() > 0.01  # text and bars, not a blank page
+    assert (pixels[..., :3] < 0.5).mean() > 0.003  # bars or words, not a blank page
 
 
 def test_bench_plot_without_matplotlib_is_one_line_saying_how_to_install_it(tmp_path: Path) -> None:

@@ -359,15 +359,15 @@ def test_a_negative_seed_is_a_usage_error(tmp_path: Path) -> None:
 
 
 def test_dev_stdout_is_written_through_its_descriptor_never_replaced(tmp_path: Path, run_files: tuple[Path, Path, bytes]) -> None:
-    # `cnnlab cpu ... /dev/stdout >> log`: the log keeps what it held, and gets the outputs and the timing line after it.
+    # `cnnlab cpu ... /dev/stdout >> log`: the log keeps what it held and gets the outputs after it; the lab's timing
+    # line goes to stderr, as with `-`, so that the outputs stay a clean file.
     cnn_path, input_path, expected = run_files
     log = tmp_path / "log.txt"
     log.write_bytes(b"earlier\n")
     with open(log, "a") as appending:
         result = cnnlab("cpu", cnn_path, input_path, "/dev/stdout", stdout=appending)
     assert result.returncode == 0, result.stderr
-    content = log.read_bytes()
-    assert content.startswith(b"earlier\n" + expected) and TIMING_LINE.match(content[len(b"earlier\n" + expected):].decode())
+    assert log.read_bytes() == b"earlier\n" + expected and TIMING_LINE.match(result.stderr)
     with open(log, "w") as stdout:
         message = assert_one_line_error(cnnlab("cpu", cnn_path, input_path, "-", "--timing-json", "/dev/stdout", stdout=stdout))
     assert "cannot both be written to descriptor 1" in message
@@ -492,3 +492,18 @@ def test_a_signal_stops_a_run_whose_piped_input_stalls(tmp_path: Path, run_files
     assert process.stderr is not None
     assert (status, process.stderr.read()) == (143, b"cnnlab: terminated\n")
     assert files_in(tmp_path) == ["cnn.csv", "in.csv"]
+
+
+@pytest.mark.parametrize("mode", RUN_MODES)
+def test_a_npy_infinity_that_the_relu_would_hide_is_still_refused(tmp_path: Path, rng: np.random.Generator, mode: str) -> None:
+    # Filters all positive: a -inf makes every conv sum over it -inf, which ReLU turns into 0, so the outputs stay
+    # finite; the run must refuse the image all the same (it is checked as it is computed, not by its outputs).
+    cnn = random_cnn(rng)
+    cnn = type(cnn)(np.abs(cnn.filters), cnn.weights)
+    images = random_values(rng, 3, 100, 100)
+    images[1, 7, 3] = -np.inf
+    cnn_path, _ = write_files(tmp_path, cnn, images[:1])
+    np.save(tmp_path / "in.npy", images)
+    message = assert_one_line_error(cnnlab(mode, cnn_path, tmp_path / "in.npy", tmp_path / "out.csv"))
+    assert message == f"cnnlab: {tmp_path / 'in.npy'}: image 2 holds -inf: the network takes finite values only\n"
+    assert not (tmp_path / "out.csv").exists()

@@ -125,11 +125,11 @@ class RecordingBackend(CpuBackend):
         self.firsts: list[float] = []
         self._fail_at = fail_at
 
-    def compute(self, batch: ImageBatch) -> OutputBatch:
+    def compute(self, batch: ImageBatch, check_finite: bool = False) -> OutputBatch:
         if len(self.firsts) == self._fail_at:
             raise InputFileError("backend", "stopped on purpose")
         self.firsts.append(float(batch.images[0, 0, 0]))
-        return super().compute(batch)
+        return super().compute(batch, check_finite)
 
 
 @pytest.mark.parametrize("name, read_ahead", [("in.csv", True), ("in.npy", True), ("in.csv", False)])

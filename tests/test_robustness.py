@@ -55,11 +55,11 @@ class FailingBackend(CpuBackend):
     name = "cuda"
     calls = 0
 
-    def compute(self, batch: ImageBatch) -> OutputBatch:
+    def compute(self, batch: ImageBatch, check_finite: bool = False) -> OutputBatch:
         FailingBackend.calls += 1
         if FailingBackend.calls == 2:
             raise DeviceError("CUDA error while computing: cuEventSynchronize failed: an illegal memory access was encountered")
-        return super().compute(batch)
+        return super().compute(batch, check_finite)
 
 
 def test_device_failure_mid_run_is_one_line_and_leaves_no_output(
