@@ -23,6 +23,7 @@ ROWS = ("cpu", "reader", "csv", "lab", "pinned", "resident", "bounds", "kernels"
 GPU_ROWS = ("lab", "pinned", "resident", "bounds")
 REFERENCES = ("loadtxt",)  # keys of figures that others are multiples of: a peer's speed, not a hardware bound
 LADDER_ROWS = ("kernels", "peers")  # shown in the ladder's own table
+LADDER_BOUND = "d2d-ladder"  # the key of the ladder's bound: its rungs and peers are shares of it
 
 
 @dataclass(frozen=True)
@@ -169,7 +170,7 @@ def format_ladder(report: BenchReport) -> str:
     over the rung below and its check; the peers beside it; and the best rung against the best peer."""
     header = f"{'kernel':<46} {'images/s':>12} {'(slowest..fastest)':>23} {'GB/s':>7} {'of D2D':>7} {'of FP64':>8} {'x below':>8}  check"
     lines, below = [header], None
-    rows = [row for row in ratios(report) if row["row"] in LADDER_ROWS or row["key"] == "d2d"]
+    rows = [row for row in ratios(report) if row["row"] in LADDER_ROWS]
     rungs = [row for row in rows if row["row"] == "kernels" and row["key"] is None]
     for row in rows:
         rate = row["images_per_second"]
@@ -264,7 +265,7 @@ def _plot_ladder(axes: Any, report: BenchReport, rows: list[dict[str, Any]]) -> 
     axes.set_yticks(range(len(bars)), [row["name"].removeprefix("peer: ")[:48] for row in bars], fontsize=7)
     axes.invert_yaxis()
     for row in rows:
-        if row["key"] == "d2d":
+        if row["key"] == LADDER_BOUND:
             axes.axvline(row["images_per_second"], color="C3", linestyle="--", linewidth=1, label="device-to-device copy bound")
             axes.axvline(0.6 * row["images_per_second"], color="C3", linestyle=":", linewidth=1, label="60% of it")
     title = f"the optimization ladder, {report.device or ''}"

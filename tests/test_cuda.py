@@ -11,7 +11,7 @@ from helpers import (
     BAD_INPUTS,
     ROOT,
     TIMING_LINE,
-    assert_lab_close,
+    assert_within_rule,
     cnnlab,
     cpu_outputs,
     input_lines,
@@ -44,7 +44,7 @@ def test_batches_match_cpu(rng: np.random.Generator, count: int, batch: int) -> 
     want = cpu_outputs(cnn, images)
     with context(cnn, batch) as gpu:
         got = np.concatenate([gpu.compute(ImageBatch(images[s : s + batch])).values for s in range(0, count, batch)])
-    assert_lab_close(got, want)
+    assert_within_rule(got, want, cnn, images)
 
 
 @pytest.mark.parametrize(
@@ -65,7 +65,7 @@ def test_launch_configurations_never_change_results(rng: np.random.Generator, co
     cnn = random_cnn(rng)
     images = random_values(rng, 333, 100, 100)
     with context(cnn, 333, **config) as gpu:
-        assert_lab_close(gpu.compute(ImageBatch(images)).values, cpu_outputs(cnn, images))
+        assert_within_rule(gpu.compute(ImageBatch(images)).values, cpu_outputs(cnn, images), cnn, images)
 
 
 def test_every_output_is_rewritten_each_call(rng: np.random.Generator) -> None:
@@ -74,7 +74,7 @@ def test_every_output_is_rewritten_each_call(rng: np.random.Generator) -> None:
     first, second = random_values(rng, 2, 300, 100, 100)
     with context(cnn, 300, chunk_images=64) as gpu:
         gpu.compute(ImageBatch(first))
-        assert_lab_close(gpu.compute(ImageBatch(second[:250])).values, cpu_outputs(cnn, second[:250]))
+        assert_within_rule(gpu.compute(ImageBatch(second[:250])).values, cpu_outputs(cnn, second[:250]), cnn, second[:250])
 
 
 def test_page_locked_pageable_and_resident_agree_exactly(rng: np.random.Generator) -> None:
@@ -87,7 +87,7 @@ def test_page_locked_pageable_and_resident_agree_exactly(rng: np.random.Generato
         from_pageable = gpu.compute(ImageBatch(images)).values
         resident = gpu.compute_resident(gpu.upload(ImageBatch(images))).values
     assert (from_pinned == from_pageable).all() and (resident == from_pinned).all()
-    assert_lab_close(from_pinned, cpu_outputs(cnn, images))
+    assert_within_rule(from_pinned, cpu_outputs(cnn, images), cnn, images)
 
 
 @pytest.mark.parametrize(
@@ -110,7 +110,7 @@ def test_too_large_a_chunk_falls_back_to_one_that_fits(rng: np.random.Generator)
     images = random_values(rng, 50, 100, 100)
     with context(cnn, 50, chunk_images=50_000_000, streams=1) as gpu:  # ~5.6 TB of device buffers
         assert gpu.chunk_images < 50_000_000
-        assert_lab_close(gpu.compute(ImageBatch(images)).values, cpu_outputs(cnn, images))
+        assert_within_rule(gpu.compute(ImageBatch(images)).values, cpu_outputs(cnn, images), cnn, images)
 
 
 def test_a_lane_refills_its_staging_buffer_only_after_the_copy_out_of_it(rng: np.random.Generator) -> None:
@@ -128,7 +128,7 @@ def test_a_lane_refills_its_staging_buffer_only_after_the_copy_out_of_it(rng: np
             )
         got = gpu.compute(ImageBatch(images)).values
     assert len(recorded) == 8
-    assert_lab_close(got, cpu_outputs(cnn, images))
+    assert_within_rule(got, cpu_outputs(cnn, images), cnn, images)
 
 
 def test_a_cap_on_device_bytes_gives_smaller_chunks_and_the_same_results(rng: np.random.Generator) -> None:
@@ -140,7 +140,7 @@ def test_a_cap_on_device_bytes_gives_smaller_chunks_and_the_same_results(rng: np
         assert 20 <= gpu.chunk_images <= 40
         got = gpu.compute(ImageBatch(images)).values
     assert (got == want).all()
-    assert_lab_close(got, cpu_outputs(cnn, images))
+    assert_within_rule(got, cpu_outputs(cnn, images), cnn, images)
 
 
 def test_little_free_device_memory_gives_smaller_chunks_and_correct_results(rng: np.random.Generator) -> None:
@@ -162,7 +162,7 @@ def test_little_free_device_memory_gives_smaller_chunks_and_correct_results(rng:
             ballast.free()
     finally:
         context_.pop()
-    assert_lab_close(got, cpu_outputs(cnn, images))
+    assert_within_rule(got, cpu_outputs(cnn, images), cnn, images)
 
 
 def test_a_failed_launch_is_one_line_and_leaves_no_output(tmp_path: Path, rng: np.random.Generator) -> None:
@@ -175,9 +175,9 @@ def test_a_failed_launch_is_one_line_and_leaves_no_output(tmp_path: Path, rng: n
         "from cnnlab.cuda import CudaContext, DeviceImages\n"
         "compute = CudaContext.compute\n"
         "calls = []\n"
-        "def faulty(self, batch):\n"
+        "def faulty(self, batch, check_finite=False):\n"
         "    calls.append(1)\n"
-        "    return compute(self, batch) if len(calls) == 1 else self.compute_resident(DeviceImages(1 << 62, len(batch)))\n"
+        "    return compute(self, batch, check_finite) if len(calls) == 1 else self.compute_resident(DeviceImages(1 << 62, len(batch)))\n"
         "CudaContext.compute = faulty\n"
         "sys.exit(cli.main(sys.argv[1:]))\n"
     )
@@ -287,7 +287,7 @@ def test_csv_parsed_on_the_device_gives_the_host_parsers_images_bit_for_bit(tmp_
         from_host_images = gpu.compute(ImageBatch(host_images)).values
     assert outputs[True].view(np.uint64).tolist() == outputs[False].view(np.uint64).tolist()
     assert outputs[True].view(np.uint64).tolist() == from_host_images.view(np.uint64).tolist()
-    assert_lab_close(outputs[True], cpu_outputs(cnn, host_images))
+    assert_within_rule(outputs[True], cpu_outputs(cnn, host_images), cnn, host_images)
 
 
 @pytest.mark.parametrize("case", sorted(BAD_INPUTS))

@@ -28,7 +28,7 @@ from helpers import (
 )
 
 from cnnlab import ladder, nvcc
-from cnnlab.benchreport import BenchOptions, BenchReport, Figure, format_ladder
+from cnnlab.benchreport import LADDER_BOUND, BenchOptions, BenchReport, Figure, format_ladder
 from cnnlab.compare import compare_files
 from cnnlab.cpu import CpuBackend
 from cnnlab.errors import DeviceError
@@ -138,11 +138,11 @@ def test_a_rung_the_gpu_cannot_run_is_refused_in_one_line() -> None:
 def test_the_ladder_table_measures_each_rung_against_the_bound_the_rung_below_and_the_best_peer() -> None:
     report = BenchReport(BenchOptions(), fp64_peak=1e12)
     report.figures += [
-        Figure("kernels", "bound: device-to-device copy", 1000.0, key="d2d"),
-        Figure("kernels", "1 lab", 10.0, "d2d", bytes_per_image=100, flops_per_image=1e6, spread=(9.0, 11.0), check="within rule"),
-        Figure("kernels", "2 batched_global", 40.0, "d2d", bytes_per_image=100, flops_per_image=1e6, check="bit-exact"),
-        Figure("peers", "peer: a", 8.0, "d2d", flops_per_image=1e6, check="within rule"),
-        Figure("peers", "peer: b", 20.0, "d2d", flops_per_image=1e6, check="within rule"),
+        Figure("kernels", "bound: device-to-device copy", 1000.0, key=LADDER_BOUND),
+        Figure("kernels", "1 lab", 10.0, LADDER_BOUND, bytes_per_image=100, flops_per_image=1e6, spread=(9.0, 11.0), check="within rule"),
+        Figure("kernels", "2 batched_global", 40.0, LADDER_BOUND, bytes_per_image=100, flops_per_image=1e6, check="bit-exact"),
+        Figure("peers", "peer: a", 8.0, LADDER_BOUND, flops_per_image=1e6, check="within rule"),
+        Figure("peers", "peer: b", 20.0, LADDER_BOUND, flops_per_image=1e6, check="within rule"),
     ]
     table = format_ladder(report).splitlines()
     lab = next(line for line in table if line.startswith("1 lab"))
