@@ -13,8 +13,7 @@ import os
 import re
 import signal
 import sys
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -29,7 +28,7 @@ from cnnlab.errors import (
     memory_limit_note,
     shown,
 )
-from cnnlab.filesafety import AtomicOutput, output_target, refuse_same_file
+from cnnlab.filesafety import AtomicOutput, output_target, refuse_same_file, writing
 from cnnlab.formats import trailing_data_note
 from cnnlab.labcsv import read_cnn
 from cnnlab.ladder import BY_NAME, DEFAULT_KERNEL
@@ -355,30 +354,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _ended_by(error)
 
 
-@contextmanager
-def _standard_output_faults() -> Iterator[None]:
-    """A fault of standard output (a full /dev/full, say) is an OutputFileError like any output's; a closed
-    pipe stays a BrokenPipeError, which ends the run quietly."""
-    try:
-        yield
-    except BrokenPipeError:
-        raise
-    except OSError as error:
-        raise OutputFileError(f"<stdout>: cannot write: {error.strerror or error}") from None
-
-
 def _say(text: str, stream: TextIO | None = None) -> None:
     """Print a result line (to standard output unless told otherwise)."""
     stream = stream or sys.stdout
     if stream is None:  # the process was started with standard output closed (`>&-`)
         raise OutputFileError("<stdout>: cannot write: standard output is closed")
-    with _standard_output_faults():
+    with writing(STANDARD_STREAM):
         print(text, file=stream)
 
 
 def _flush_stdout() -> None:
     if sys.stdout is not None:
-        with _standard_output_faults():
+        with writing(STANDARD_STREAM):
             sys.stdout.flush()
 
 

@@ -58,6 +58,18 @@ def reading(path: str | os.PathLike) -> Iterator[None]:
         raise InputFileError(path, f"cannot read: {error.strerror or error}") from None
 
 
+@contextmanager
+def writing(path: str | os.PathLike) -> Iterator[None]:
+    """The OS's failure to write an output (a full disk, a file-size limit) as an OutputFileError naming it. A
+    closed pipe stays a BrokenPipeError: the command line ends quietly on it, as Unix tools do."""
+    try:
+        yield
+    except BrokenPipeError:
+        raise
+    except OSError as error:
+        raise OutputFileError(f"{shown(path)}: cannot write: {error.strerror or error}") from None
+
+
 class Placement(enum.Enum):
     """How an output reaches its target."""
 
@@ -189,20 +201,15 @@ def _take_mode(descriptor: int, target: str) -> None:
 
 
 class _GuardedStream:
-    """A file whose write errors are OutputFileErrors naming the output (a full disk, a file-size limit).
-    A closed pipe stays a BrokenPipeError: the command line ends quietly on it, as Unix tools do."""
+    """A file whose write errors are OutputFileErrors naming the output (see writing)."""
 
     def __init__(self, file: IO[Any], target: OutputTarget) -> None:
         self._file = file
         self._target = target
 
     def write(self, data: Any) -> int:
-        try:
+        with writing(self._target.path):
             return self._file.write(data)
-        except BrokenPipeError:
-            raise
-        except OSError as error:
-            raise self._target.fail("cannot write", error) from None
 
 
 class AtomicOutput:
@@ -249,20 +256,14 @@ class AtomicOutput:
     def finish(self) -> None:
         """Flush and close the file: where a full disk or a file-size limit shows itself last."""
         assert self._file is not None
-        try:
+        with writing(self._target.path):
             self._file.close()
-        except BrokenPipeError:
-            raise
-        except OSError as error:
-            raise self._target.fail("cannot write", error) from None
 
     def place(self) -> None:
         """Rename the finished file onto its target (nothing to do for a direct output)."""
         if self._temporary is not None:
-            try:
+            with writing(self._target.path):
                 os.replace(self._temporary, self._target.target)
-            except OSError as error:
-                raise self._target.fail("cannot write", error) from None
             self._temporary = None
 
     def commit(self) -> None:
