@@ -86,7 +86,8 @@ setup(
             ["native/lab_csv_module.cpp"],
             include_dirs=["kernel"],
             depends=["kernel/lab_csv.h", "kernel/lab_pow5_table.h"],
-            extra_compile_args=["-O3", "-std=c++17", "-fvisibility=hidden"],
+            extra_compile_args=["-O3", "-std=c++17", "-fvisibility=hidden", "-pthread"],
+            extra_link_args=["-pthread"],
             language="c++",
         )
     ],

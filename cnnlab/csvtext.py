@@ -16,7 +16,7 @@ import sys
 import threading
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import BinaryIO, Protocol
+from typing import BinaryIO, NamedTuple, Protocol
 
 import numpy as np
 
@@ -98,44 +98,9 @@ def _scan_rows_python(data: np.ndarray, start: int, rows: int) -> tuple[int, int
 Cut = tuple[int, int, int]  # a piece's (end offset, rows, lines walked), as scan_rows gives them
 
 
-def cut_rows(data: np.ndarray, start: int, rows: int, every: int, pool: Executor | None = None, threads: int = 1) -> list[Cut]:
-    """Walk up to `rows` non-blank lines from `start`, cut into pieces of `every` rows (the last may
-    hold fewer, where the rows or the data run out); each piece as scan_rows would give it.
-
-    With a pool, the bytes are walked on `threads` threads at once, in two passes: each thread counts
-    the rows of its share (cut at line starts), then each cut is found from the start of the share
-    it falls in. The pieces are exactly one thread's.
-    """
-    shares = _shares(data, start, threads) if pool is not None and native is not None and rows and threads >= SHARED_CUT_THREADS else []
-    if len(shares) < 2:
-        return _cut_one_thread(data, start, rows, every)
-    try:
-        counts = list(pool.map(lambda share: scan_rows(data[: share[1]], share[0], rows), shares))
-    except LineTooLong:  # walked again on one thread, which numbers the line from `start`
-        return _cut_one_thread(data, start, rows, every)
-    rows_before = np.cumsum([0] + [found for _, found, _ in counts])  # rows before each share, and in all
-    lines_before = np.cumsum([0] + [lines for _, _, lines in counts])
-    available = int(rows_before[-1])
-
-    def locate(target: int) -> tuple[int, int, int]:
-        """(offset, rows, lines) from `start` to the end of row `target` (1-based)."""
-        share = int(np.searchsorted(rows_before, target)) - 1  # rows_before[share] < target <= rows_before[share + 1]
-        share_start, share_end = shares[share]
-        offset, _, lines = scan_rows(data[:share_end], share_start, target - int(rows_before[share]))
-        return offset, target, int(lines_before[share]) + lines
-
-    targets = [target for target in (*range(every, rows, every), rows) if target <= available]
-    marks = list(pool.map(locate, targets))
-    if available < rows:  # the rows ran out: the last piece ends where the walk stopped, blank lines included
-        marks.append((counts[-1][0], available, int(lines_before[-1])))
-    pieces, previous = [], (start, 0, 0)
-    for mark in marks:
-        pieces.append((mark[0], mark[1] - previous[1], mark[2] - previous[2]))
-        previous = mark
-    return pieces
-
-
-def _cut_one_thread(data: np.ndarray, start: int, rows: int, every: int) -> list[Cut]:
+def cut_rows(data: np.ndarray, start: int, rows: int, every: int) -> list[Cut]:
+    """Walk up to `rows` non-blank lines from `start` on this thread, cut into pieces of `every` rows (the
+    last may hold fewer, where the rows or the data run out); each piece as scan_rows would give it."""
     pieces, position, left, walked = [], start, rows, 0
     while True:
         try:
@@ -149,26 +114,98 @@ def _cut_one_thread(data: np.ndarray, start: int, rows: int, every: int) -> list
             return pieces
 
 
-# Bytes a thread walks at least, where cutting is shared out: smaller shares cost more than they save.
-SHARE_BYTES = 1 << 22
-# One thread walks lines at ~10-30 GB/s (memchr): shared out, the two passes and the hand-offs pay only on many cores.
-SHARED_CUT_THREADS = 4
+class Lines(NamedTuple):
+    """What the lines of the bytes [start, end) of a window say (native.summarize): enough to count the
+    non-blank lines of text read in parts on several threads, and to find where row k ends, without
+    walking the lines again. Two adjacent ranges combine (`then`), as kernel/csv.cu's Seg does."""
+
+    start: int
+    end: int
+    newlines: int
+    head_ink: bool  # a byte that is not blank before the first '\n' (anywhere, if none)
+    tail_ink: bool  # one after the last '\n'
+    inner: int  # non-blank lines wholly inside (between two of the range's '\n's)
+    first: int  # offset of the first '\n', -1 if none
+    last: int  # offset of the last '\n', -1 if none
+    longest: int  # the longest line wholly inside, its '\n' not counted
+
+    def then(self, after: Lines) -> Lines:
+        """The summary of this range followed by `after`, the range that starts where it ends."""
+        if not self.newlines:  # this range's bytes belong to after's first line
+            return after._replace(start=self.start, head_ink=self.head_ink or after.head_ink)
+        if not after.newlines:  # after's bytes belong to this range's last line
+            return self._replace(end=after.end, tail_ink=self.tail_ink or after.head_ink)
+        joined = self.tail_ink or after.head_ink  # the line across the two ranges
+        return Lines(
+            self.start, after.end, self.newlines + after.newlines, self.head_ink, after.tail_ink,
+            self.inner + after.inner + joined, self.first, after.last, max(self.longest, after.longest, after.first - self.last - 1),
+        )  # fmt: skip
+
+    @property
+    def rows(self) -> int:
+        """Non-blank '\n'-ended lines, where the range starts at a line start."""
+        return self.head_ink + self.inner if self.newlines else 0
+
+    @property
+    def open_start(self) -> int:
+        """Where the line still open at the range's end starts (where the range starts at a line start)."""
+        return self.last + 1 if self.newlines else self.start
+
+    @property
+    def longest_line(self) -> int:
+        """The longest line, the unended one at the end included, where the range starts at a line start."""
+        return max(self.longest, self.first - self.start if self.newlines else 0, self.end - self.open_start)
 
 
-def _shares(data: np.ndarray, start: int, threads: int) -> list[tuple[int, int]]:
-    """[start, len(data)) cut into up to `threads` byte ranges, each beginning at a line start."""
-    size = len(data) - start
-    count = min(threads, size // SHARE_BYTES)
-    bounds = [start]
-    for index in range(1, count):
-        try:  # the end of the line `at` falls in (or of the first non-blank one after it): a line start
-            line_start, _, lines = scan_rows(data, start + index * size // count, 1)
-        except LineTooLong:
-            continue
-        if lines and bounds[-1] < line_start < len(data):
-            bounds.append(line_start)
-    bounds.append(len(data))
-    return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+def summarize(data: np.ndarray, start: int, end: int) -> Lines:
+    """The Lines of data[start:end]."""
+    if native is not None:
+        return Lines(start, end, *native.summarize(data, start, end))
+    return _summarize_python(data, start, end)
+
+
+def _summarize_python(data: np.ndarray, start: int, end: int) -> Lines:
+    view = data[start:end].tobytes()
+    ends = [index for index, byte in enumerate(view) if byte == 10]
+    if not ends:
+        return Lines(start, end, 0, bool(view.strip()), False, 0, -1, -1, 0)
+    inner = sum(bool(view[a + 1 : b].strip()) for a, b in zip(ends, ends[1:]))
+    longest = max((b - a - 1 for a, b in zip(ends, ends[1:])), default=0)
+    head, tail = bool(view[: ends[0]].strip()), bool(view[ends[-1] + 1 :].strip())
+    return Lines(start, end, len(ends), head, tail, inner, start + ends[0], start + ends[-1], longest)
+
+
+def cut_summarized(data: np.ndarray, start: int, parts: list[Lines], rows: int, every: int, pool: Executor | None) -> list[Cut]:
+    """cut_rows over the bytes that `parts` cover from `start` (a line start; read, and '\\n'-ended at the file's
+    end), found from their summaries: each cut is walked from the start of the line open where its part
+    begins, so over one part's bytes at most; with a pool, the cuts are walked at once."""
+    prefixes = [running := Lines(start, start, 0, False, False, 0, -1, -1, 0)]  # of the parts before each part, and of all
+    for part in parts:
+        prefixes.append(running := running.then(part))
+    total = prefixes[-1]
+    available = total.rows
+    targets = [target for target in (*range(every, rows, every), rows) if target <= available]
+    walks, part = [], 0
+    for target in targets:  # the part holding the end of row `target`, and where its open line starts
+        while part + 1 < len(parts) and prefixes[part + 1].rows < target:
+            part += 1
+        before = prefixes[part]
+        walks.append((before.open_start, target - before.rows, before.newlines))
+
+    def walk(plan: tuple[int, int, int]) -> tuple[int, int]:
+        end, found, lines = scan_rows(data[: total.end], plan[0], plan[1])
+        assert found == plan[1], "the summaries and the walk disagree"
+        return end, plan[2] + lines
+
+    marks = list(pool.map(walk, walks)) if pool is not None and len(walks) > 1 else [walk(plan) for plan in walks]
+    marks = [(end, target, lines) for (end, lines), target in zip(marks, targets)]
+    if available < rows:  # the rows ran out: the last piece ends at the end, blank lines included
+        marks.append((total.end, available, total.newlines))
+    pieces, previous = [], (total.start, 0, 0)
+    for mark in marks:
+        pieces.append((mark[0], mark[1] - previous[1], mark[2] - previous[2]))
+        previous = mark
+    return pieces
 
 
 def _spans(data: np.ndarray, start: int, line_before: int, cuts: list[Cut]) -> list[Span]:
@@ -225,6 +262,8 @@ class TextSource:
         self._current = 0
         self._start = self._filled = 0  # the window's bytes not yet taken are [start, filled)
         self._at_end = False
+        self._parts: list[Lines] = [summarize(self._windows[0], 0, 0)]  # [start, filled) summarized, in parts
+        self._total = self._parts[0]  # and as a whole
         # Bytes per non-blank line, as the last span had them or the caller expects: sizes reads and walks (0: unknown).
         self.row_bytes = 0.0
         self.lines_taken = 0  # lines wholly before `start`, blank ones included
@@ -252,54 +291,44 @@ class TextSource:
         with its pieces of `every` rows already cut."""
         self._turn()
         every = every or rows
-        position, cuts, taken, walked = self._start, [], 0, 0
-        while True:
-            # Walk what the rows still wanted should take, or all that is read (everything past the first span).
-            # Rows vary little in length (random values' text: a few percent), and their sum over many rows far less.
-            budget = int(1.005 * (rows - taken) * self.row_bytes) + READ_BYTES // 32 if self.row_bytes else None
-            limit = self._filled if budget is None else min(self._filled, position + budget)
-            window = self._windows[self._current]
-            try:
-                found = cut_rows(window[:limit], position, rows - taken, every, self._pool, self._threads)
-            except LineTooLong as error:
-                raise InputFileError(self.path, str(error), self.lines_taken + walked + error.index + 1) from None
-            complete = sum(cut[1] for cut in found) == rows - taken or (self._at_end and limit == self._filled)
-            whole = found if complete else found[:-1]  # a piece cut short by the end of the bytes walked is walked again
-            cuts += whole
-            taken, walked = taken + sum(cut[1] for cut in whole), walked + sum(cut[2] for cut in whole)
-            position = cuts[-1][0] if cuts else position
-            if complete:
-                break
-            if limit == self._filled:
-                self._read_more(budget)
-                # A pipe gives what it holds (~64 KB a read): gather what the rows should take before walking again.
-                while self._offset is None and budget and not self._at_end and self._filled - position < budget:
-                    self._read_more(budget - (self._filled - position))
+        # Read what the rows still wanted should take: rows vary little in length (random values' text: a
+        # few percent), and their sum over many rows far less. A line too long ends the reading: cut_rows names it.
+        while self._total.rows < rows and not self._at_end and self._total.longest_line <= MAX_LINE_BYTES:
+            self._read_more(int(1.005 * (rows - self._total.rows) * self.row_bytes) + READ_BYTES // 32 if self.row_bytes else None)
+        window = self._windows[self._current]
+        try:
+            if self._total.longest_line > MAX_LINE_BYTES:  # walked on one thread, which stops at such a line if it must take it
+                cuts = cut_rows(window[: self._filled], self._start, rows, every)
             else:
-                self.row_bytes *= 2  # the rows were longer than those before: walk further
+                cuts = cut_summarized(window, self._start, self._parts, rows, every, self._pool)
+        except LineTooLong as error:
+            raise InputFileError(self.path, str(error), self.lines_taken + error.index + 1) from None
         merged: list[Cut] = []  # blank lines at the file's end belong to the last piece
         for end, found_rows, lines in cuts:
             if merged and not found_rows:
                 merged[-1] = (end, merged[-1][1], merged[-1][2] + lines)
             else:
                 merged.append((end, found_rows, lines))
-        window = self._windows[self._current]
-        pieces = _spans(window, self._start, self.lines_taken, merged or [(self._start, 0, 0)])
+        pieces = _spans(window, self._start, self.lines_taken, merged)
+        taken = sum(piece.rows for piece in pieces)
         span = Span(window, self._start, pieces[-1].end, taken, self.lines_taken, tuple(pieces))
         if taken > 1:  # not the input's first line, N: its bytes say nothing of a matrix's
             self.row_bytes = (span.end - span.start) / taken
-        self._start, self.lines_taken = span.end, self.lines_taken + walked
+        self._start, self.lines_taken = span.end, self.lines_taken + sum(cut[2] for cut in merged)
         return span
 
     def _turn(self) -> None:
         """Carry the bytes not yet taken to the start of the other window (grown to the current one's size:
-        its last span is two takes old, so no longer in use)."""
+        its last span is two takes old, so no longer in use), summarized again there."""
         old = self._windows[self._current]
         self._grow(1 - self._current, len(old))
         self._current = 1 - self._current
         left = self._filled - self._start
-        self._windows[self._current][:left] = old[self._start : self._filled]
+        window = self._windows[self._current]
+        window[:left] = old[self._start : self._filled]
         self._start, self._filled = 0, left
+        self._parts = [summarize(window, 0, left)]
+        self._total = self._parts[0]
 
     def _read_more(self, wanted: int | None) -> None:
         """Read the next `wanted` bytes after those not yet taken, growing the window to hold them (if None: as
@@ -311,23 +340,37 @@ class TextSource:
         if room < wanted:  # by half at least, so that a window grows a few times, not at every take
             self._grow(self._current, max(self._filled + wanted + 1, len(window) * 3 // 2))
         window = self._windows[self._current]
-        count = self._read_into(memoryview(window)[self._filled : self._filled + wanted])
+        count, parts = self._read_into(window, wanted)
         self._filled += count
         if not count:
             self._at_end = True
             if self._filled > self._start and window[self._filled - 1] != ord("\n"):
                 window[self._filled] = ord("\n")  # the last line, ended like the others
                 self._filled += 1
+                parts = [summarize(window, self._filled - 1, self._filled)]
+        for part in parts:
+            last = self._parts[-1]
+            # Small parts (a pipe's reads) are merged: a cut walks at most one part's bytes, and there are few parts.
+            self._parts[-1:] = [last.then(part)] if last.end - last.start < READ_BYTES // 8 else [last, part]
+            self._total = self._total.then(part)
 
-    def _read_into(self, room: memoryview) -> int:
-        """Fill as much of `room` as the file holds: one read(), or, for a regular file, a read per thread at once."""
+    def _read_into(self, window: np.ndarray, wanted: int) -> tuple[int, list[Lines]]:
+        """Read up to `wanted` bytes into the window after those read, summarized: one read(), or, for a regular
+        file, a read per thread at once, each thread summarizing its part as it lands."""
+        fd, at = self._file.fileno(), self._filled
         with reading(self.path):
             if self._offset is None or self._pool is None:  # what the file has now (a pipe may hold less than asked)
-                wait_readable(self._file.fileno(), self._stop)
-                return os.readv(self._file.fileno(), [room])
-            count = read_at(self._file.fileno(), room, self._offset, self._pool, self._threads)
+                wait_readable(fd, self._stop)
+                count = os.readv(fd, [memoryview(window)[at : at + wanted]])
+                return count, [summarize(window, at, at + count)] if count else []
+            if native is not None:
+                count, parts = native.read_summarized(fd, window, at, wanted, self._offset, self._threads)
+                parts = [Lines(*part) for part in parts]
+            else:
+                count = read_at(fd, memoryview(window)[at : at + wanted], self._offset, self._pool, self._threads)
+                parts = [summarize(window, at, at + count)] if count else []
         self._offset += count
-        return count
+        return count, parts
 
     def close(self) -> None:
         """Give the windows back (page-locked memory is scarce)."""

@@ -17,6 +17,21 @@
 //       counted from `start` (= the lines walked before it), rows_found the non-blank lines
 //       before it.
 //
+//   summarize(data, start, end) -> (newlines, head_ink, tail_ink, inner, first, last, longest)
+//       What the lines of data[start:end] say, for cutting a text read in parts on several threads
+//       (csvtext.py combines the parts' summaries; kernel/csv.cu's Seg is the same monoid):
+//       newlines: '\n's in the range; head_ink: a byte that is not blank before the first '\n'
+//       (anywhere if none); tail_ink: one after the last '\n'; inner: lines wholly inside (between
+//       two '\n's of the range) that are not blank; first, last: offsets of the first and last
+//       '\n' (-1 if none); longest: the longest line wholly inside, its '\n' not counted (0 if none).
+//
+//   read_summarized(fd, window, at, nbytes, offset, threads) -> (count, parts)
+//       Fill window[at:at + nbytes] from the regular file `fd` at `offset` with up to `threads`
+//       preadv calls at once on threads of its own (the GIL released), each summarizing its part
+//       as it lands (in cache). count: the bytes read, a contiguous run (fewer at the file's end);
+//       parts: (start, end, summary...) for each part of that run, in order, summary as summarize
+//       gives it. OSError where a read fails.
+//
 //   parse_rows(data, start, end, width, out) -> int
 //       Parse every non-blank line of data[start:end] (whole lines: data[end-1] must be '\n'
 //       unless start == end) as `width` comma-separated numbers into `out`, a writable
@@ -44,11 +59,17 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <system_error>
+#include <thread>
+#include <vector>
 
 #include "lab_csv.h"
 
@@ -180,6 +201,163 @@ PyObject *scan_rows(PyObject *, PyObject *args)
     if (too_long)
         return Py_BuildValue("(nnn)", (Py_ssize_t)-1, found, lines);
     return Py_BuildValue("(nnn)", position, found, lines);
+}
+
+// What summarize() returns: see the module's comment.
+struct Summary {
+    Py_ssize_t newlines = 0, inner = 0, first = -1, last = -1, longest = 0;
+    bool head_ink = false, tail_ink = false;
+};
+
+// Whether [p, nl) holds a byte that is not blank (a line's first byte usually decides).
+inline bool holds_ink(const char *p, const char *nl)
+{
+    return nl != p && !(lab_is_blank_byte((unsigned char)*p) && lab_line_is_blank(p, nl));
+}
+
+Summary summarize_range(const char *base, Py_ssize_t start, Py_ssize_t end)
+{
+    Summary s;
+    const char *line = base + start, *const stop = base + end;
+    for (;;) {
+        const char *nl = static_cast<const char *>(std::memchr(line, '\n', stop - line));
+        if (!nl) {
+            (s.newlines ? s.tail_ink : s.head_ink) = holds_ink(line, stop);
+            return s;
+        }
+        const Py_ssize_t at = nl - base;
+        if (s.newlines) {
+            s.inner += holds_ink(line, nl);
+            s.longest = std::max(s.longest, at - s.last - 1);
+        } else {
+            s.head_ink = holds_ink(line, nl);
+            s.first = at;
+        }
+        s.last = at;
+        ++s.newlines;
+        line = nl + 1;
+    }
+}
+
+PyObject *summary_tuple(Py_ssize_t start, Py_ssize_t end, const Summary &s, bool with_range)
+{
+    if (with_range)
+        return Py_BuildValue("(nnnOOnnnn)", start, end, s.newlines, s.head_ink ? Py_True : Py_False,
+                             s.tail_ink ? Py_True : Py_False, s.inner, s.first, s.last, s.longest);
+    return Py_BuildValue("(nOOnnnn)", s.newlines, s.head_ink ? Py_True : Py_False, s.tail_ink ? Py_True : Py_False, s.inner,
+                         s.first, s.last, s.longest);
+}
+
+PyObject *summarize(PyObject *, PyObject *args)
+{
+    PyObject *data_obj;
+    Py_ssize_t start, end;
+    if (!PyArg_ParseTuple(args, "Onn:summarize", &data_obj, &start, &end))
+        return nullptr;
+    Buffer data;
+    if (!data.get(data_obj, PyBUF_SIMPLE))
+        return nullptr;
+    if (start < 0 || end < start || end > data.view.len) {
+        PyErr_Format(PyExc_ValueError, "summarize: range [%zd, %zd) out of range for %zd bytes", start, end, data.view.len);
+        return nullptr;
+    }
+    Summary s;
+    Py_BEGIN_ALLOW_THREADS
+    s = summarize_range(static_cast<const char *>(data.view.buf), start, end);
+    Py_END_ALLOW_THREADS
+    return summary_tuple(start, end, s, false);
+}
+
+// Parts smaller than this are not worth a thread of their own.
+constexpr Py_ssize_t MIN_PART_BYTES = 1 << 20;
+
+struct Part {
+    Py_ssize_t start = 0, wanted = 0, count = 0;
+    int error = 0;
+    Summary summary;
+};
+
+void read_part(int fd, char *base, long long offset, Part *part)
+{
+    while (part->count < part->wanted) {
+        struct iovec room = {base + part->start + part->count, static_cast<size_t>(part->wanted - part->count)};
+        const ssize_t got = preadv(fd, &room, 1, offset + part->count);
+        if (got < 0) {
+            if (errno == EINTR)
+                continue;
+            part->error = errno;
+            return;
+        }
+        if (got == 0)
+            break;  // the file ends here
+        part->count += got;
+    }
+    part->summary = summarize_range(base, part->start, part->start + part->count);
+}
+
+PyObject *read_summarized(PyObject *, PyObject *args)
+{
+    int fd, threads;
+    PyObject *window_obj;
+    Py_ssize_t at, nbytes;
+    long long offset;
+    if (!PyArg_ParseTuple(args, "iOnnLi:read_summarized", &fd, &window_obj, &at, &nbytes, &offset, &threads))
+        return nullptr;
+    Buffer window;
+    if (!window.get(window_obj, PyBUF_WRITABLE))
+        return nullptr;
+    if (at < 0 || nbytes < 0 || at + nbytes > window.view.len || offset < 0 || threads < 1) {
+        PyErr_Format(PyExc_ValueError, "read_summarized: %zd bytes at %zd out of range for %zd bytes (offset %lld, %d threads)",
+                     nbytes, at, window.view.len, offset, threads);
+        return nullptr;
+    }
+    char *base = static_cast<char *>(window.view.buf);
+    const Py_ssize_t count = std::max<Py_ssize_t>(1, std::min<Py_ssize_t>(threads, nbytes / MIN_PART_BYTES));
+    const Py_ssize_t share = (nbytes + count - 1) / count;
+    std::vector<Part> parts(count);
+    for (Py_ssize_t i = 0; i < count; ++i) {
+        parts[i].start = at + std::min(nbytes, i * share);
+        parts[i].wanted = std::min(nbytes, (i + 1) * share) - std::min(nbytes, i * share);
+    }
+    Py_BEGIN_ALLOW_THREADS
+    std::vector<std::thread> workers;
+    try {
+        for (Py_ssize_t i = 1; i < count; ++i)
+            workers.emplace_back(read_part, fd, base, offset + (parts[i].start - at), &parts[i]);
+    } catch (const std::system_error &) {  // no more threads: the rest on this one
+    }
+    read_part(fd, base, offset, &parts[0]);
+    for (Py_ssize_t i = static_cast<Py_ssize_t>(workers.size()) + 1; i < count; ++i)
+        read_part(fd, base, offset + (parts[i].start - at), &parts[i]);
+    for (std::thread &worker : workers)
+        worker.join();
+    Py_END_ALLOW_THREADS
+    for (const Part &part : parts)
+        if (part.error) {
+            errno = part.error;
+            return PyErr_SetFromErrno(PyExc_OSError);
+        }
+    PyObject *list = PyList_New(0);
+    if (!list)
+        return nullptr;
+    Py_ssize_t total = 0;
+    for (const Part &part : parts) {
+        if (part.count) {
+            PyObject *item = summary_tuple(part.start, part.start + part.count, part.summary, true);
+            if (!item || PyList_Append(list, item) < 0) {
+                Py_XDECREF(item);
+                Py_DECREF(list);
+                return nullptr;
+            }
+            Py_DECREF(item);
+        }
+        total += part.count;
+        if (part.count < part.wanted)  // the file ends in this part: later parts' bytes (a growing file) are read again
+            break;
+    }
+    PyObject *result = Py_BuildValue("(nO)", total, list);
+    Py_DECREF(list);
+    return result;
 }
 
 PyObject *parse_rows(PyObject *, PyObject *args)
@@ -364,6 +542,12 @@ PyMethodDef methods[] = {
      "scan_rows(data, start, rows, max_line_bytes) -> (end, rows_found, lines_passed)\n\n"
      "Walk '\\n'-ended lines from `start` until `rows` non-blank ones are taken. A line longer than\n"
      "max_line_bytes gives (-1, rows_found, index of that line counted from start)."},
+    {"summarize", summarize, METH_VARARGS,
+     "summarize(data, start, end) -> (newlines, head_ink, tail_ink, inner, first, last, longest)\n\n"
+     "What the lines of data[start:end] say, for combining with the summaries of the ranges beside it."},
+    {"read_summarized", read_summarized, METH_VARARGS,
+     "read_summarized(fd, window, at, nbytes, offset, threads) -> (count, parts)\n\n"
+     "Fill window[at:at + nbytes] from fd at offset with `threads` reads at once, each part summarized."},
     {"parse_rows", parse_rows, METH_VARARGS,
      "parse_rows(data, start, end, width, out) -> int\n\n"
      "Parse the non-blank lines of data[start:end] as `width` numbers each into the float64 buffer\n"

@@ -6,6 +6,7 @@ and the line layout (blank lines, CRLF, field counts, text bytes) as the Python 
 from __future__ import annotations
 
 import math
+import os
 import threading
 from decimal import Context, Decimal
 from fractions import Fraction
@@ -518,34 +519,66 @@ def test_threads_release_the_gil_and_agree(rng: np.random.Generator) -> None:
     assert np.array_equal(bits(out), bits(values.reshape(-1)))
 
 
-# Cutting a window into pieces on several threads gives the pieces one thread gives.
+# Text read in parts on several threads is cut from the parts' summaries: the same pieces one thread's walk gives.
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
-    st.lists(st.sampled_from([b"1,2", b"", b" \t", b"3,4\r", b"\r"]), max_size=60),
+    st.lists(st.sampled_from([b"1,2", b"", b" \t", b"3,4\r", b"\r", b"x" * 7]), max_size=60),
     st.integers(0, 40),
     st.integers(1, 9),
-    st.integers(1, 7),
+    st.lists(st.integers(0, 400), max_size=8),
     st.booleans(),
 )
-def test_cutting_on_several_threads_matches_one_thread(
-    lines: list[bytes], rows: int, every: int, threads: int, tail: bool
-) -> None:
+def test_cutting_from_summaries_matches_one_thread(lines: list[bytes], rows: int, every: int, splits: list[int], pooled: bool) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     from cnnlab import csvtext
 
-    data = np.frombuffer(b"".join(line + b"\n" for line in lines) + (b"5,6" if tail else b""), np.uint8)
-    expected = csvtext._cut_one_thread(data, 0, rows, every)
-    saved = csvtext.SHARE_BYTES, csvtext.SHARED_CUT_THREADS
-    csvtext.SHARE_BYTES, csvtext.SHARED_CUT_THREADS = 1, 1  # shares of a few bytes: cuts land on share edges, in blank lines, in the tail
+    data = np.frombuffer(b"".join(line + b"\n" for line in lines), np.uint8)
+    expected = csvtext.cut_rows(data, 0, rows, every)
+    bounds = sorted({0, len(data), *(split for split in splits if split < len(data))})
+    parts = [csvtext.summarize(data, a, b) for a, b in zip(bounds, bounds[1:])]
+    for part in parts:  # the native summary is the pure-Python twin's
+        assert part == csvtext._summarize_python(data, part.start, part.end)
+    whole = parts[0] if parts else csvtext.summarize(data, 0, 0)
+    for part in parts[1:]:
+        whole = whole.then(part)
+    assert whole == csvtext.summarize(data, 0, len(data))  # combining parts is summarizing them at once
+    assert whole.rows == sum(1 for line in lines if line.strip(BLANK))
+    assert whole.longest_line == max((len(line) for line in lines), default=0)
+    with ThreadPoolExecutor(2) as pool:
+        assert csvtext.cut_summarized(data, 0, parts, rows, every, pool if pooled else None) == expected
+
+
+def test_a_summary_says_where_lines_end_and_which_hold_ink() -> None:
+    from cnnlab import csvtext
+
+    data = np.frombuffer(b" a\n\n \t\nbc,d\n  ", np.uint8)
+    assert csvtext.summarize(data, 0, len(data)) == csvtext.Lines(0, 14, 4, True, False, 1, 2, 11, 4)
+    assert csvtext.summarize(data, 3, 8) == csvtext.Lines(3, 8, 2, False, True, 0, 3, 6, 2)  # "\n \t\nb": a blank line inside
+    assert csvtext.summarize(data, 0, 1) == csvtext.Lines(0, 1, 0, False, False, 0, -1, -1, 0)
+
+
+def test_read_summarized_fills_the_window_and_summarizes_each_part(tmp_path) -> None:
+    from cnnlab import csvtext
+
+    text = b"".join(b"%d,%d\n" % (index, index * 7) + (b"\n" if index % 5 == 0 else b"") for index in range(400000))
+    path = tmp_path / "rows.csv"
+    path.write_bytes(text)
+    window = np.zeros(len(text) + 100, np.uint8)
+    fd = os.open(path, os.O_RDONLY)
     try:
-        with ThreadPoolExecutor(threads) as pool:
-            assert csvtext.cut_rows(data, 0, rows, every, pool, threads) == expected
+        count, parts = native.read_summarized(fd, window, 3, len(text) + 50, 0, 4)  # asks past the end
     finally:
-        csvtext.SHARE_BYTES, csvtext.SHARED_CUT_THREADS = saved
-    assert sum(found for _, found, _ in expected) == min(rows, sum(1 for line in lines if line.strip(BLANK)))
+        os.close(fd)
+    assert count == len(text) and window[3 : 3 + count].tobytes() == text
+    parts = [csvtext.Lines(*part) for part in parts]
+    assert len(parts) > 1 and parts[0].start == 3 and parts[-1].end == 3 + count
+    assert [a.end for a in parts[:-1]] == [b.start for b in parts[1:]]
+    assert parts == [csvtext.summarize(window, part.start, part.end) for part in parts]
+    with pytest.raises(OSError):
+        native.read_summarized(-1, window, 0, 10, 0, 2)
 
 
 def test_a_file_read_on_several_threads_gives_the_same_spans(tmp_path, rng: np.random.Generator) -> None:
