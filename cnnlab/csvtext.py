@@ -175,10 +175,15 @@ def _summarize_python(data: np.ndarray, start: int, end: int) -> Lines:
     return Lines(start, end, len(ends), head, tail, inner, start + ends[0], start + ends[-1], longest)
 
 
+# Cuts walked on the pool where there are more than this many: a walk takes ~50 us, a task's hand-off ~20 us.
+POOLED_WALKS = 8
+
+
 def cut_summarized(data: np.ndarray, start: int, parts: list[Lines], rows: int, every: int, pool: Executor | None) -> list[Cut]:
     """cut_rows over the bytes that `parts` cover from `start` (a line start; read, and '\\n'-ended at the file's
     end), found from their summaries: each cut is walked from the start of the line open where its part
-    begins, so over one part's bytes at most; with a pool, the cuts are walked at once."""
+    begins, so over one part's bytes at most (parts are read in pieces of up to 1 MB); with a pool and
+    many cuts, the cuts are walked at once."""
     prefixes = [running := Lines(start, start, 0, False, False, 0, -1, -1, 0)]  # of the parts before each part, and of all
     for part in parts:
         prefixes.append(running := running.then(part))
@@ -197,7 +202,7 @@ def cut_summarized(data: np.ndarray, start: int, parts: list[Lines], rows: int, 
         assert found == plan[1], "the summaries and the walk disagree"
         return end, plan[2] + lines
 
-    marks = list(pool.map(walk, walks)) if pool is not None and len(walks) > 1 else [walk(plan) for plan in walks]
+    marks = list(pool.map(walk, walks)) if pool is not None and len(walks) > POOLED_WALKS else [walk(plan) for plan in walks]
     marks = [(end, target, lines) for (end, lines), target in zip(marks, targets)]
     if available < rows:  # the rows ran out: the last piece ends at the end, blank lines included
         marks.append((total.end, available, total.newlines))
@@ -269,11 +274,10 @@ class TextSource:
         self.lines_taken = 0  # lines wholly before `start`, blank ones included
 
     def reserve(self, nbytes: int) -> None:
-        """Make the window the next take() fills hold at least `nbytes`, so that a span that size needs no
-        growing on the way; the other window grows to match at its turn, while the first span is in use
-        (pinning memory is slow: half of it is then done while the GPU works). The window grown here
-        holds the span before last, which is freed if it is replaced: call this before using that span."""
-        self._grow(1 - self._current, nbytes)
+        """Make both windows hold at least `nbytes`, so that spans that size need no growing on the way (the bytes
+        read but not yet taken are kept)."""
+        for index in (0, 1):
+            self._grow(index, nbytes)
 
     def _grow(self, index: int, nbytes: int) -> None:
         """Window `index` at least `nbytes` long, the bytes read into the current one kept at their offsets."""

@@ -62,11 +62,12 @@ from cnnlab.resources import install_command
 
 # Images per compute() call from the command line: the run's two page-locked buffers stay at ~330 MB.
 DEFAULT_BATCH_IMAGES = 2048
-# Images per compute() call when CSV text is parsed on the device: ~100 MB of text a batch, so that
-# the two page-locked windows are pinned in ~0.1 s (pinning runs at ~2 GB/s) and the first batch
-# reaches the GPU soon, while a batch still fills every lane with copies of tens of MB. On the H100
-# machine, 10,000 images: 256 a batch 0.96 s, 512 0.83 s, 2,048 over 2 s (pinning 0.8 GB).
-DEFAULT_TEXT_BATCH_IMAGES = 512
+# Images per compute() call when CSV text is parsed on the device: ~50 MB of text a batch, read into one of
+# two page-locked windows (made before the run, ~60 MB each) while the other's batch is on the device, and
+# dealt over the lanes so that one lane's copy overlaps another's parse. On the H100 machine (10,000 images,
+# tools/profile_cuda_csv.py): 256 a batch loop 0.16-0.19 s, 512 0.27-0.31 s, where making the larger
+# windows page-locked cost more than the fewer hand-offs saved.
+DEFAULT_TEXT_BATCH_IMAGES = 256
 
 
 def _synchronize_stream(handle: int) -> None:

@@ -197,14 +197,17 @@ class CsvImageReader:
         self.images_read += wanted
         return wanted
 
+    def reserve_text(self, images: int) -> None:
+        """Make the windows hold the text of `images` images (from the file's bytes per image) before read_text
+        reads batches that size: page-locked windows are made before the run, as its image buffers are."""
+        self._source.reserve(READ_BYTES + int(1.1 * self._source.row_bytes * INPUT_DIM * min(images, self.count)))
+
     def read_text(self, images: int, chunk: int) -> CsvBatch | None:
         """The text of the next `images` images (fewer at the end), unparsed, cut into chunks of
         `chunk` images; None when all were read."""
         wanted = max(0, min(images, self.count - self.images_read))
         if not wanted:
             return None
-        if not self.images_read:  # windows sized once, from the file's bytes per image, to hold a batch
-            self._source.reserve(READ_BYTES + int(1.1 * self._source.row_bytes * INPUT_DIM * min(images, self.count)))
         span = self._source.take(wanted * INPUT_DIM, chunk * INPUT_DIM)
         if span.rows < wanted * INPUT_DIM:
             parse_rows(self.path, span, INPUT_DIM, np.empty(span.rows * INPUT_DIM))  # a bad line before the end comes first

@@ -145,6 +145,7 @@ def run_network(
     with open_images(input_path, backend if text else None) as reader, open_outputs(output_path, reader.count) as output:
         if text and isinstance(reader, CsvImageReader):
             batch_size = min(text.batch_images, reader.count, reader.capacity)
+            reader.reserve_text(batch_size)
             read: Callable[[Any, threading.Event], Batch | None] = partial(_read_text, reader, batch_size, text.chunk_images)
             buffers: list[Any] = [None] * slots
         else:

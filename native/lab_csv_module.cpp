@@ -27,10 +27,10 @@
 //
 //   read_summarized(fd, window, at, nbytes, offset, threads) -> (count, parts)
 //       Fill window[at:at + nbytes] from the regular file `fd` at `offset` with up to `threads`
-//       preadv calls at once on threads of its own (the GIL released), each summarizing its part
-//       as it lands (in cache). count: the bytes read, a contiguous run (fewer at the file's end);
-//       parts: (start, end, summary...) for each part of that run, in order, summary as summarize
-//       gives it. OSError where a read fails.
+//       preadv calls at once on threads of its own (the GIL released), each summarizing its part,
+//       in pieces of at most 1 MB, as it lands (in cache). count: the bytes read, a contiguous run
+//       (fewer at the file's end); parts: (start, end, summary...) for each piece of that run, in
+//       order, summary as summarize gives it. OSError where a read fails.
 //
 //   parse_rows(data, start, end, width, out) -> int
 //       Parse every non-blank line of data[start:end] (whole lines: data[end-1] must be '\n'
@@ -271,10 +271,13 @@ PyObject *summarize(PyObject *, PyObject *args)
 // Parts smaller than this are not worth a thread of their own.
 constexpr Py_ssize_t MIN_PART_BYTES = 1 << 20;
 
+// A thread's part is summarized in pieces of at most this many bytes: a cut then walks no more (csvtext.cut_summarized).
+constexpr Py_ssize_t SUMMARY_BYTES = 1 << 20;
+
 struct Part {
     Py_ssize_t start = 0, wanted = 0, count = 0;
     int error = 0;
-    Summary summary;
+    std::vector<std::pair<Py_ssize_t, Summary>> summaries;  // each piece's start and summary
 };
 
 void read_part(int fd, char *base, long long offset, Part *part)
@@ -292,7 +295,9 @@ void read_part(int fd, char *base, long long offset, Part *part)
             break;  // the file ends here
         part->count += got;
     }
-    part->summary = summarize_range(base, part->start, part->start + part->count);
+    const Py_ssize_t end = part->start + part->count;
+    for (Py_ssize_t at = part->start; at < end; at += SUMMARY_BYTES)
+        part->summaries.emplace_back(at, summarize_range(base, at, std::min(end, at + SUMMARY_BYTES)));
 }
 
 PyObject *read_summarized(PyObject *, PyObject *args)
@@ -342,8 +347,8 @@ PyObject *read_summarized(PyObject *, PyObject *args)
         return nullptr;
     Py_ssize_t total = 0;
     for (const Part &part : parts) {
-        if (part.count) {
-            PyObject *item = summary_tuple(part.start, part.start + part.count, part.summary, true);
+        for (const auto &[at, summary] : part.summaries) {
+            PyObject *item = summary_tuple(at, std::min(part.start + part.count, at + SUMMARY_BYTES), summary, true);
             if (!item || PyList_Append(list, item) < 0) {
                 Py_XDECREF(item);
                 Py_DECREF(list);
