@@ -14,7 +14,7 @@ import select
 import stat
 import sys
 import threading
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future, wait
 from dataclasses import dataclass
 from typing import BinaryIO, NamedTuple, Protocol
 
@@ -32,6 +32,8 @@ except ImportError:  # no C++ compiler at install time: the twins below, and a n
 # longer is refused before it is read whole into memory.
 MAX_LINE_BYTES = 1 << 20
 READ_BYTES = 1 << 23  # bytes per read() call: large enough to amortise it, small enough to stop quickly
+# Where a window's bytes read ahead start: room before them for the bytes the last span left, carried there.
+AHEAD_GAP = 1 << 21
 NumberedLine = tuple[int, bytes]
 
 
@@ -243,9 +245,12 @@ class TextSource:
     """A file's lines taken a span at a time, from windows that take turns, so that the span one
     take() returned stays whole while the next is read (a consumer of the GPU's copies needs that).
 
-    Given a pool, a regular file is read with `threads` reads at once (os.preadv releases the GIL),
-    and the lines are walked on as many threads. Reads and walks are sized by the rows asked for,
-    from the bytes per row seen so far, so that little is read ahead and carried to the next window.
+    Given a pool, a regular file is read with `threads` reads at once (native.read_summarized, its own
+    threads, the GIL released), each summarizing its part as it lands, and a span is cut from those
+    summaries. Reads are sized by the rows asked for, from the bytes per row seen so far, so that little
+    is read past a span and carried to the next window. Such a file is also read ahead: as take() returns
+    a span, the next take's bytes are already being read into a third window (the one two spans back),
+    so that cutting and handing on a span overlap reading the next.
     """
 
     def __init__(
@@ -263,7 +268,10 @@ class TextSource:
         self._memory = memory or HostMemory()
         self._pool, self._threads = pool, threads
         self._offset = 0 if pool is not None and stat.S_ISREG(os.fstat(file.fileno()).st_mode) else None  # None: read()
-        self._windows = [self._memory.allocate_text(READ_BYTES + MAX_LINE_BYTES) for _ in range(2)]
+        ahead = self._offset is not None and native is not None
+        # Empty at first: the first read sizes a window (page-locked memory is slow to make; reserve() sizes them all).
+        self._windows = [self._memory.allocate_text(0) for _ in range(3 if ahead else 2)]
+        self._ahead: Future[tuple[int, list[Lines]]] | None = None  # the read into the next window, AHEAD_GAP on
         self._current = 0
         self._start = self._filled = 0  # the window's bytes not yet taken are [start, filled)
         self._at_end = False
@@ -274,10 +282,9 @@ class TextSource:
         self.lines_taken = 0  # lines wholly before `start`, blank ones included
 
     def reserve(self, nbytes: int) -> None:
-        """Make both windows hold at least `nbytes`, so that spans that size need no growing on the way (the bytes
-        read but not yet taken are kept)."""
-        for index in (0, 1):
-            self._grow(index, nbytes)
+        """Make every window hold spans of `nbytes` (and what is read ahead), so that none grows on the way."""
+        for index in range(len(self._windows)):
+            self._grow(index, nbytes + AHEAD_GAP)
 
     def _grow(self, index: int, nbytes: int) -> None:
         """Window `index` at least `nbytes` long, the bytes read into the current one kept at their offsets."""
@@ -299,6 +306,7 @@ class TextSource:
         # few percent), and their sum over many rows far less. A line too long ends the reading: cut_rows names it.
         while self._total.rows < rows and not self._at_end and self._total.longest_line <= MAX_LINE_BYTES:
             self._read_more(int(1.005 * (rows - self._total.rows) * self.row_bytes) + READ_BYTES // 32 if self.row_bytes else None)
+        self._read_ahead(rows)
         window = self._windows[self._current]
         try:
             if self._total.longest_line > MAX_LINE_BYTES:  # walked on one thread, which stops at such a line if it must take it
@@ -322,17 +330,53 @@ class TextSource:
         return span
 
     def _turn(self) -> None:
-        """Carry the bytes not yet taken to the start of the other window (grown to the current one's size:
-        its last span is two takes old, so no longer in use), summarized again there."""
-        old = self._windows[self._current]
-        self._grow(1 - self._current, len(old))
-        self._current = 1 - self._current
-        left = self._filled - self._start
-        window = self._windows[self._current]
-        window[:left] = old[self._start : self._filled]
-        self._start, self._filled = 0, left
-        self._parts = [summarize(window, 0, left)]
+        """Carry the bytes not yet taken to the next window (grown to the current one's size: its last span is
+        two takes old, so no longer in use), just before what was read ahead into it, if anything was."""
+        old, start, filled = self._windows[self._current], self._start, self._filled
+        left = filled - start
+        following = (self._current + 1) % len(self._windows)
+        ahead, self._ahead = self._ahead, None
+        read = None  # the bytes read ahead, where they must move
+        if ahead is None:
+            self._grow(following, len(old))
+            count = 0
+        else:
+            with reading(self.path):
+                count, parts = ahead.result()
+            self._offset += count
+            if left > AHEAD_GAP:  # more left than the gap holds (a last, smaller span): the bytes read ahead move up
+                read = self._windows[following][AHEAD_GAP : AHEAD_GAP + count].copy()
+                self._grow(following, left + count + 1)
+        self._current, window = following, self._windows[following]
+        if ahead is None or read is not None:
+            window[:left] = old[start:filled]
+            if read is not None:
+                window[left : left + count] = read
+            self._start, self._filled = 0, left + count
+            self._parts = [summarize(window, 0, left + count)]
+        else:
+            window[AHEAD_GAP - left : AHEAD_GAP] = old[start:filled]
+            self._start, self._filled = AHEAD_GAP - left, AHEAD_GAP + count
+            self._parts = [summarize(window, self._start, AHEAD_GAP)]
+            self._add(parts)
         self._total = self._parts[0]
+        for part in self._parts[1:]:
+            self._total = self._total.then(part)
+
+    def _read_ahead(self, rows: int) -> None:
+        """Start reading what a take of `rows` rows more should need into the next window, AHEAD_GAP bytes in, on
+        the pool (the next window's span is two takes old, no longer in use)."""
+        if len(self._windows) < 3 or self._at_end or not self.row_bytes or self._pool is None:
+            return
+        following = (self._current + 1) % len(self._windows)
+        # Less what this take should leave over, which is carried: a read ahead of whole takes would pile it up.
+        left = max(0, int(self._filled - self._start - rows * self.row_bytes))
+        wanted = int(1.002 * rows * self.row_bytes) + READ_BYTES // 64 - left
+        if wanted <= 0:
+            return
+        self._grow(following, max(len(self._windows[self._current]), AHEAD_GAP + wanted + 1))
+        window = self._windows[following]
+        self._ahead = self._pool.submit(self._read_summarized, window, AHEAD_GAP, wanted, self._offset)
 
     def _read_more(self, wanted: int | None) -> None:
         """Read the next `wanted` bytes after those not yet taken, growing the window to hold them (if None: as
@@ -352,32 +396,45 @@ class TextSource:
                 window[self._filled] = ord("\n")  # the last line, ended like the others
                 self._filled += 1
                 parts = [summarize(window, self._filled - 1, self._filled)]
+        self._add(parts)
+        for part in parts:
+            self._total = self._total.then(part)
+
+    def _add(self, parts: list[Lines]) -> None:
+        """Append the summaries of bytes just read after the others; small ones (a pipe's reads) are merged, so
+        that there are few parts, while a cut still walks at most one part's bytes."""
         for part in parts:
             last = self._parts[-1]
-            # Small parts (a pipe's reads) are merged: a cut walks at most one part's bytes, and there are few parts.
             self._parts[-1:] = [last.then(part)] if last.end - last.start < READ_BYTES // 8 else [last, part]
-            self._total = self._total.then(part)
 
     def _read_into(self, window: np.ndarray, wanted: int) -> tuple[int, list[Lines]]:
         """Read up to `wanted` bytes into the window after those read, summarized: one read(), or, for a regular
-        file, a read per thread at once, each thread summarizing its part as it lands."""
+        file, a read per thread at once."""
         fd, at = self._file.fileno(), self._filled
         with reading(self.path):
             if self._offset is None or self._pool is None:  # what the file has now (a pipe may hold less than asked)
                 wait_readable(fd, self._stop)
                 count = os.readv(fd, [memoryview(window)[at : at + wanted]])
                 return count, [summarize(window, at, at + count)] if count else []
-            if native is not None:
-                count, parts = native.read_summarized(fd, window, at, wanted, self._offset, self._threads)
-                parts = [Lines(*part) for part in parts]
-            else:
-                count = read_at(fd, memoryview(window)[at : at + wanted], self._offset, self._pool, self._threads)
-                parts = [summarize(window, at, at + count)] if count else []
+            count, parts = self._read_summarized(window, at, wanted, self._offset)
         self._offset += count
         return count, parts
 
+    def _read_summarized(self, window: np.ndarray, at: int, wanted: int, offset: int) -> tuple[int, list[Lines]]:
+        """window[at:at + wanted] from the regular file at `offset`, a read per thread at once, each thread
+        summarizing its part as it lands (natively; else read on the pool, then summarized)."""
+        fd = self._file.fileno()
+        if native is not None:
+            count, parts = native.read_summarized(fd, window, at, wanted, offset, self._threads)
+            return count, [Lines(*part) for part in parts]
+        assert self._pool is not None
+        count = read_at(fd, memoryview(window)[at : at + wanted], offset, self._pool, self._threads)
+        return count, [summarize(window, at, at + count)] if count else []
+
     def close(self) -> None:
-        """Give the windows back (page-locked memory is scarce)."""
+        """Give the windows back (page-locked memory is scarce), once a read ahead into one has ended."""
+        if self._ahead is not None:
+            wait([self._ahead])
         for window in self._windows:
             self._memory.free_text(window)
         self._windows = []

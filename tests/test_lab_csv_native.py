@@ -5,6 +5,7 @@ and the line layout (blank lines, CRLF, field counts, text bytes) as the Python 
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import threading
@@ -581,11 +582,16 @@ def test_read_summarized_fills_the_window_and_summarizes_each_part(tmp_path) -> 
         native.read_summarized(-1, window, 0, 10, 0, 2)
 
 
-def test_a_file_read_on_several_threads_gives_the_same_spans(tmp_path, rng: np.random.Generator) -> None:
+@pytest.mark.parametrize("gap", [None, 64])
+def test_a_file_read_on_several_threads_and_ahead_gives_the_same_spans(tmp_path, rng: np.random.Generator, monkeypatch, gap) -> None:
+    """One thread, no pool: read as asked. Four threads: read in parts, summarized, and read ahead into a third
+    window; with a gap of 64 bytes before the bytes read ahead, what a take leaves over never fits there."""
     from concurrent.futures import ThreadPoolExecutor
 
     from cnnlab import csvtext
 
+    if gap is not None:
+        monkeypatch.setattr(csvtext, "AHEAD_GAP", gap)
     values = rng.uniform(-10, 10, (30000, 10))
     text = "".join(",".join(map(repr, row)) + ("\n\n" if index % 7 == 0 else "\r\n") for index, row in enumerate(values.tolist()))
     path = tmp_path / "rows.csv"
@@ -594,15 +600,19 @@ def test_a_file_read_on_several_threads_gives_the_same_spans(tmp_path, rng: np.r
     for threads in (1, 4):
         with open(path, "rb") as file, ThreadPoolExecutor(threads) as pool:
             source = csvtext.TextSource(path, file, pool=pool if threads > 1 else None, threads=threads)
-            source.reserve(len(text) // 3)
+            source.reserve(len(text) // 8)
             taken = []
-            while (span := source.take(4567, 1000)).rows:
+            for take in itertools.cycle([4567, 1000, 6000]):  # takes of other sizes than the one read ahead for
+                span = source.take(take, 1000)
+                if not span.rows:
+                    break
                 pieces = span.pieces(1000)
                 assert [piece.rows for piece in pieces[:-1]] == [1000] * (len(pieces) - 1)
                 assert pieces[0].start == span.start and pieces[-1].end == span.end
                 taken.append([(piece.rows, piece.line_before, piece.data[piece.start : piece.end].tobytes()) for piece in pieces])
             spans[threads] = taken
             assert source.lines_taken == text.count("\n")
+            source.close()
     assert spans[1] == spans[4]
     assert b"".join(piece[2] for pieces in spans[4] for piece in pieces) == text.encode()
 
