@@ -200,7 +200,7 @@ class CsvImageReader:
     def reserve_text(self, images: int) -> None:
         """Make the windows hold the text of `images` images (from the file's bytes per image) before read_text
         reads batches that size: page-locked windows are made before the run, as its image buffers are."""
-        self._source.reserve(READ_BYTES + int(1.1 * self._source.row_bytes * INPUT_DIM * min(images, self.count)))
+        self._source.reserve(int(1.1 * self._source.row_bytes * INPUT_DIM * min(images, self.count)) + READ_BYTES // 32)
 
     def read_text(self, images: int, chunk: int) -> CsvBatch | None:
         """The text of the next `images` images (fewer at the end), unparsed, cut into chunks of

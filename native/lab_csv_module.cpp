@@ -26,11 +26,11 @@
 //       '\n' (-1 if none); longest: the longest line wholly inside, its '\n' not counted (0 if none).
 //
 //   read_summarized(fd, window, at, nbytes, offset, threads) -> (count, parts)
-//       Fill window[at:at + nbytes] from the regular file `fd` at `offset` with up to `threads`
-//       preadv calls at once on threads of its own (the GIL released), each summarizing its part,
-//       in pieces of at most 1 MB, as it lands (in cache). count: the bytes read, a contiguous run
-//       (fewer at the file's end); parts: (start, end, summary...) for each piece of that run, in
-//       order, summary as summarize gives it. OSError where a read fails.
+//       Fill window[at:at + nbytes] from the regular file `fd` at `offset` in pieces of 1 MB, read
+//       (preadv) by up to `threads` threads of its own at once (the GIL released), each piece
+//       summarized as it lands (in cache). count: the bytes read, a contiguous run (fewer at the
+//       file's end); parts: (start, end, summary...) for each piece of that run, in order, summary
+//       as summarize gives it. OSError where a read fails.
 //
 //   parse_rows(data, start, end, width, out) -> int
 //       Parse every non-blank line of data[start:end] (whole lines: data[end-1] must be '\n'
@@ -62,6 +62,7 @@
 #include <sys/uio.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <charconv>
 #include <cstdlib>
@@ -268,36 +269,33 @@ PyObject *summarize(PyObject *, PyObject *args)
     return summary_tuple(start, end, s, false);
 }
 
-// Parts smaller than this are not worth a thread of their own.
-constexpr Py_ssize_t MIN_PART_BYTES = 1 << 20;
+// The window is read in pieces of this many bytes, claimed by the threads as they go (a thread the
+// machine holds up then delays the read by one piece, not by its whole share), each summarized as it
+// lands; a cut then walks no more than a piece (csvtext.cut_summarized).
+constexpr Py_ssize_t PIECE_BYTES = 1 << 20;
 
-// A thread's part is summarized in pieces of at most this many bytes: a cut then walks no more (csvtext.cut_summarized).
-constexpr Py_ssize_t SUMMARY_BYTES = 1 << 20;
-
-struct Part {
+struct Piece {
     Py_ssize_t start = 0, wanted = 0, count = 0;
     int error = 0;
-    std::vector<std::pair<Py_ssize_t, Summary>> summaries;  // each piece's start and summary
+    Summary summary;
 };
 
-void read_part(int fd, char *base, long long offset, Part *part)
+void read_piece(int fd, char *base, long long offset, Piece *piece)
 {
-    while (part->count < part->wanted) {
-        struct iovec room = {base + part->start + part->count, static_cast<size_t>(part->wanted - part->count)};
-        const ssize_t got = preadv(fd, &room, 1, offset + part->count);
+    while (piece->count < piece->wanted) {
+        struct iovec room = {base + piece->start + piece->count, static_cast<size_t>(piece->wanted - piece->count)};
+        const ssize_t got = preadv(fd, &room, 1, offset + piece->count);
         if (got < 0) {
             if (errno == EINTR)
                 continue;
-            part->error = errno;
+            piece->error = errno;
             return;
         }
         if (got == 0)
             break;  // the file ends here
-        part->count += got;
+        piece->count += got;
     }
-    const Py_ssize_t end = part->start + part->count;
-    for (Py_ssize_t at = part->start; at < end; at += SUMMARY_BYTES)
-        part->summaries.emplace_back(at, summarize_range(base, at, std::min(end, at + SUMMARY_BYTES)));
+    piece->summary = summarize_range(base, piece->start, piece->start + piece->count);
 }
 
 PyObject *read_summarized(PyObject *, PyObject *args)
@@ -317,38 +315,39 @@ PyObject *read_summarized(PyObject *, PyObject *args)
         return nullptr;
     }
     char *base = static_cast<char *>(window.view.buf);
-    const Py_ssize_t count = std::max<Py_ssize_t>(1, std::min<Py_ssize_t>(threads, nbytes / MIN_PART_BYTES));
-    const Py_ssize_t share = (nbytes + count - 1) / count;
-    std::vector<Part> parts(count);
-    for (Py_ssize_t i = 0; i < count; ++i) {
-        parts[i].start = at + std::min(nbytes, i * share);
-        parts[i].wanted = std::min(nbytes, (i + 1) * share) - std::min(nbytes, i * share);
+    std::vector<Piece> pieces((nbytes + PIECE_BYTES - 1) / PIECE_BYTES);
+    for (size_t i = 0; i < pieces.size(); ++i) {
+        pieces[i].start = at + static_cast<Py_ssize_t>(i) * PIECE_BYTES;
+        pieces[i].wanted = std::min(PIECE_BYTES, nbytes - static_cast<Py_ssize_t>(i) * PIECE_BYTES);
     }
+    std::atomic<size_t> next{0};
+    auto work = [&] {
+        for (size_t i; (i = next.fetch_add(1)) < pieces.size();)
+            read_piece(fd, base, offset + (pieces[i].start - at), &pieces[i]);
+    };
     Py_BEGIN_ALLOW_THREADS
     std::vector<std::thread> workers;
     try {
-        for (Py_ssize_t i = 1; i < count; ++i)
-            workers.emplace_back(read_part, fd, base, offset + (parts[i].start - at), &parts[i]);
-    } catch (const std::system_error &) {  // no more threads: the rest on this one
+        for (size_t i = 1; i < std::min<size_t>(threads, pieces.size()); ++i)
+            workers.emplace_back(work);
+    } catch (const std::system_error &) {  // no more threads: the others share the work
     }
-    read_part(fd, base, offset, &parts[0]);
-    for (Py_ssize_t i = static_cast<Py_ssize_t>(workers.size()) + 1; i < count; ++i)
-        read_part(fd, base, offset + (parts[i].start - at), &parts[i]);
+    work();
     for (std::thread &worker : workers)
         worker.join();
     Py_END_ALLOW_THREADS
-    for (const Part &part : parts)
-        if (part.error) {
-            errno = part.error;
+    for (const Piece &piece : pieces)
+        if (piece.error) {
+            errno = piece.error;
             return PyErr_SetFromErrno(PyExc_OSError);
         }
     PyObject *list = PyList_New(0);
     if (!list)
         return nullptr;
     Py_ssize_t total = 0;
-    for (const Part &part : parts) {
-        for (const auto &[at, summary] : part.summaries) {
-            PyObject *item = summary_tuple(at, std::min(part.start + part.count, at + SUMMARY_BYTES), summary, true);
+    for (const Piece &piece : pieces) {
+        if (piece.count) {
+            PyObject *item = summary_tuple(piece.start, piece.start + piece.count, piece.summary, true);
             if (!item || PyList_Append(list, item) < 0) {
                 Py_XDECREF(item);
                 Py_DECREF(list);
@@ -356,8 +355,8 @@ PyObject *read_summarized(PyObject *, PyObject *args)
             }
             Py_DECREF(item);
         }
-        total += part.count;
-        if (part.count < part.wanted)  // the file ends in this part: later parts' bytes (a growing file) are read again
+        total += piece.count;
+        if (piece.count < piece.wanted)  // the file ends in this piece: later pieces' bytes (a growing file) are read again
             break;
     }
     PyObject *result = Py_BuildValue("(nO)", total, list);
