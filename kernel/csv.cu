@@ -7,8 +7,9 @@
 // Check:  pytest -m gpu tests/test_csv_gpu.py        (builds this file itself; float() is the reference)
 // Time:   python tools/bench_csv_gpu.py IN_CSV       (GB/s of text, CUDA events)
 //
-// The host reads the file in blocks cut at line ends, counts each block's non-blank lines with
-// memchr (`rows`), copies the block to the device and calls, in stream order:
+// The host reads the file in blocks cut at line ends (knowing each block's non-blank lines, `rows`,
+// from the summaries its read threads made of 1 MB pieces as they landed: csvtext.Lines, the Seg
+// below on the CPU), copies the block to the device and calls, in stream order:
 //   csv_tile_summaries  a thread block per 8 KB tile: the tile's line summary (reduce)
 //   csv_scan_tiles      one thread block: exclusive scan of the tile summaries; the block's line count
 //   csv_index_rows      a thread block per tile: each non-blank line's row and byte span (scan)
