@@ -65,7 +65,8 @@ def _polars_rate(path: os.PathLike, images: int, repeats: int) -> tuple[str, flo
 
 
 def bench_csv(cnn: Cnn, options: BenchOptions, seed: int | None) -> list[Figure]:
-    """`cnnlab cuda` on a CSV file in the page cache, the whole read-compute-write loop, in images/s
+    """`cnnlab cuda` on a CSV file in the page cache, a whole run (the file opened, its page-locked windows made,
+    the read-compute-write loop, all freed; the command line's loop figure leaves out the windows), in images/s
     and GB/s of text: parsed on the GPU and parsed on the host, against the two bounds of the GPU
     path measured in the same run: reading the file into page-locked memory, and copying it to the device."""
     from cnnlab.cuda import CudaContext
@@ -82,7 +83,7 @@ def bench_csv(cnn: Cnn, options: BenchOptions, seed: int | None) -> list[Figure]
             with CudaContext(cnn, parse_csv=parse_csv) as context:
                 loop = partial(run_network, context, path, os.path.join(folder, "out.npy"))
                 rate = median_rate(options.csv_images, loop, repeats)
-                figures.append(Figure("csv", f"cnnlab cuda on CSV, parsed {where}: whole loop", rate, "read", **text))
+                figures.append(Figure("csv", f"cnnlab cuda on CSV, parsed {where}: whole run", rate, "read", **text))
                 if parse_csv:
                     read_rate, host_to_device = _text_bounds(context, path, threads, options.repeats)
     per_image = text["bytes_per_image"]

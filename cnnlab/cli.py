@@ -317,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("--cpu-images", defaults.cpu_images, "images for the cpu row"),
         ("--lab-images", defaults.lab_images, "images for the one-per-launch row"),
         ("--reader-images", defaults.reader_images, "images in the CSV file for the reader rows"),
-        ("--csv-images", defaults.csv_images, "images in the CSV file for the csv rows (cuda on CSV, whole loop)"),
+        ("--csv-images", defaults.csv_images, "images in the CSV file for the csv rows (cuda on CSV, whole run)"),
         ("--repeats", defaults.repeats, "timed repeats per figure"),
     ):
         bench.add_argument(option, type=_positive_int, default=default, help=f"{what} (default {default})")
