@@ -32,6 +32,9 @@ from cnnlab.network import (
 
 # Images per parse task: a block of ~3 MB of text, large enough to amortise a task, small enough to spread.
 PARSE_IMAGES = 16
+# The most bytes a line of an image takes as cnnlab writes it: 100 values in repr's longest form (24 characters) and
+# their commas. Windows are reserved for no more per line (text padded longer grows them as it is read).
+REPR_ROW_BYTES = INPUT_DIM * 25
 # The fewest bytes an image's text can take: 100 lines of 100 one-character values, 99 commas and a newline.
 MIN_IMAGE_BYTES = INPUT_DIM * (2 * INPUT_DIM)
 
@@ -200,7 +203,8 @@ class CsvImageReader:
     def reserve_text(self, images: int) -> None:
         """Make the windows hold the text of `images` images (from the file's bytes per image) before read_text
         reads batches that size: page-locked windows are made before the run, as its image buffers are."""
-        self._source.reserve(int(1.1 * self._source.row_bytes * INPUT_DIM * min(images, self.count)) + READ_BYTES // 32)
+        row_bytes = min(self._source.row_bytes, REPR_ROW_BYTES)  # a file mostly past its N images says little of them
+        self._source.reserve(int(1.1 * row_bytes * INPUT_DIM * min(images, self.count)) + READ_BYTES // 32)
 
     def read_text(self, images: int, chunk: int) -> CsvBatch | None:
         """The text of the next `images` images (fewer at the end), unparsed, cut into chunks of

@@ -160,3 +160,27 @@ def test_a_failure_stops_the_run_cleanly(tmp_path: Path, rng: np.random.Generato
             run_network(backend, path, tmp_path / "out" / "out.csv")
     assert threading.active_count() == threads_before
     assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_text_windows_are_reserved_by_the_images_not_by_data_past_them(tmp_path: Path, rng: np.random.Generator) -> None:
+    """A file of one image and 20 MB of trailing lines: its bytes per image are no guide to the windows a batch needs."""
+    from cnnlab.csvtext import HostMemory
+
+    class Recorder(HostMemory):
+        def __init__(self) -> None:
+            self.sizes: list[int] = []
+
+        def allocate_text(self, nbytes: int) -> np.ndarray:
+            self.sizes.append(nbytes)
+            return super().allocate_text(nbytes)
+
+    _, input_path = write_files(tmp_path, random_cnn(rng), rng.uniform(-10, 10, (1, 100, 100)))
+    with open(input_path, "a") as file:
+        file.write("1,2\n" * 5_000_000)
+    memory = Recorder()
+    with csv_files.CsvImageReader(input_path, threads=2, memory=memory) as reader:
+        reader.reserve_text(256)
+        assert max(memory.sizes) < 4 << 20  # one image's text at most, with the gap and slack; by the file's bytes per image, ~22 MB
+        batch = reader.read_text(256, 256)
+        assert batch is not None and len(batch) == 1 and batch.span.rows == 100
+        assert reader.trailing_data_line() is not None
