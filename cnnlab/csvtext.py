@@ -275,8 +275,9 @@ class TextSource:
         self._current = 0
         self._start = self._filled = 0  # the window's bytes not yet taken are [start, filled)
         self._at_end = False
-        self._parts: list[Lines] = [summarize(self._windows[0], 0, 0)]  # [start, filled) summarized, in parts
-        self._total = self._parts[0]  # and as a whole
+        self._parts: list[Lines]  # [start, filled) summarized, in parts
+        self._total: Lines  # and as a whole
+        self._summarize_from(self._windows[0], 0, 0)
         # Bytes per non-blank line, as the last span had them or the caller expects: sizes reads and walks (0: unknown).
         self.row_bytes = 0.0
         self.lines_taken = 0  # lines wholly before `start`, blank ones included
@@ -353,21 +354,19 @@ class TextSource:
             if read is not None:
                 window[left : left + count] = read
             self._start, self._filled = 0, left + count
-            self._parts = [summarize(window, 0, left + count)]
+            self._summarize_from(window, 0, left + count)
         else:
             window[AHEAD_GAP - left : AHEAD_GAP] = old[start:filled]
             self._start, self._filled = AHEAD_GAP - left, AHEAD_GAP + count
-            self._parts = [summarize(window, self._start, AHEAD_GAP)]
+            self._summarize_from(window, self._start, AHEAD_GAP)
             self._add(parts)
-        self._total = self._parts[0]
-        for part in self._parts[1:]:
-            self._total = self._total.then(part)
 
     def _read_ahead(self, rows: int) -> None:
         """Start reading what a take of `rows` rows more should need into the next window, AHEAD_GAP bytes in, on
         the pool (the next window's span is two takes old, no longer in use)."""
-        if len(self._windows) < 3 or self._at_end or not self.row_bytes or self._pool is None:
+        if len(self._windows) < 3 or self._at_end or not self.row_bytes:  # three windows: a regular file, with a pool
             return
+        assert self._pool is not None
         following = (self._current + 1) % len(self._windows)
         # Less what this take should leave over, which is carried: a read ahead of whole takes would pile it up.
         left = max(0, int(self._filled - self._start - rows * self.row_bytes))
@@ -397,15 +396,19 @@ class TextSource:
                 self._filled += 1
                 parts = [summarize(window, self._filled - 1, self._filled)]
         self._add(parts)
-        for part in parts:
-            self._total = self._total.then(part)
+
+    def _summarize_from(self, window: np.ndarray, start: int, end: int) -> None:
+        """Start the summaries over, with window[start:end] as their one part and the whole so far."""
+        self._parts = [summarize(window, start, end)]
+        self._total = self._parts[0]
 
     def _add(self, parts: list[Lines]) -> None:
-        """Append the summaries of bytes just read after the others; small ones (a pipe's reads) are merged, so
-        that there are few parts, while a cut still walks at most one part's bytes."""
+        """Append the summaries of bytes just read after the others, and to the whole; small ones (a pipe's reads)
+        are merged, so that there are few parts, while a cut still walks at most one part's bytes."""
         for part in parts:
             last = self._parts[-1]
             self._parts[-1:] = [last.then(part)] if last.end - last.start < READ_BYTES // 8 else [last, part]
+            self._total = self._total.then(part)
 
     def _read_into(self, window: np.ndarray, wanted: int) -> tuple[int, list[Lines]]:
         """Read up to `wanted` bytes into the window after those read, summarized: one read(), or, for a regular
