@@ -3,7 +3,7 @@
 
 import sys
 
-from cnnlab.buildstep import main
+from cnnlab.cuda.buildstep import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -47,13 +47,13 @@ class OptionalBuildExt(build_ext):
 
 
 def build_kernels() -> None:
-    """The fatbins beside kernel/*.cu, built where missing or stale (cnnlab.nvcc, as build.py builds them)."""
+    """The fatbins beside kernel/*.cu, built where missing or stale (cnnlab.cuda.nvcc, as build.py builds them)."""
     if shutil.which("nvcc") is None:
         print("cnnlab: nvcc is not on the PATH: this package carries no kernel fatbins (cuda mode will need nvcc)", file=sys.stderr)
         return
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from cnnlab.buildstep import main as build_fatbins
-    from cnnlab.nvcc import SOURCES, is_stale, kernel_source
+    from cnnlab.cuda.buildstep import main as build_fatbins
+    from cnnlab.cuda.nvcc import SOURCES, is_stale, kernel_source
 
     if build_fatbins([]) != 0:  # an nvcc too old for the architectures, say: the package is still usable on the CPU
         for source in map(kernel_source, SOURCES):  # an installed package trusts its fatbins: never ship a stale one

@@ -26,7 +26,7 @@ _HOMES = {
     "load_image_batches": "cnnlab.api",
     "forward": "cnnlab.api",
     "Cnn": "cnnlab.network",
-    "CudaContext": "cnnlab.cuda",
+    "CudaContext": "cnnlab.cuda.context",
     "CnnlabError": "cnnlab.errors",
     "ArrayError": "cnnlab.errors",
     "InputFileError": "cnnlab.errors",
@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # what type checkers and editors read: the same names, as exp
     from cnnlab.api import load_cnn as load_cnn
     from cnnlab.api import load_image_batches as load_image_batches
     from cnnlab.api import load_images as load_images
-    from cnnlab.cuda import CudaContext as CudaContext
+    from cnnlab.cuda.context import CudaContext as CudaContext
     from cnnlab.errors import ArrayError as ArrayError
     from cnnlab.errors import CnnlabError as CnnlabError
     from cnnlab.errors import DeviceError as DeviceError

@@ -1,4 +1,4 @@
-"""`python -m cnnlab` and the `cnnlab` command: the command line (cnnlab.cli).
+"""`python -m cnnlab` and the `cnnlab` command: the command line (cnnlab.cli.main).
 
 Before anything heavy is imported: SIGINT and SIGTERM become one-line exits (cnnlab.interrupts),
 OpenBLAS is given no more threads than an address-space limit (ulimit -v) leaves room for (each
@@ -57,13 +57,13 @@ def _start() -> int:
             return 2
         threads = 1 + (limit - MINIMUM_ADDRESS_SPACE) // BLAS_THREAD_ADDRESS_SPACE
         os.environ.setdefault("OPENBLAS_NUM_THREADS", str(min(threads, os.cpu_count() or 1)))
-    from cnnlab.driverstart import start_driver
+    from cnnlab.cuda.driver import start_driver
 
     # cuda mode: the driver starts while numpy is imported and the CNN read, before cli is even imported; but not
     # under an address-space limit, where its reservations would leave OpenBLAS none (and it would abort).
     starting = start_driver() if sys.argv[1:2] == ["cuda"] and limit == resource.RLIM_INFINITY else None
     try:
-        from cnnlab.cli import main as cli_main
+        from cnnlab.cli.main import main as cli_main
 
         return cli_main()
     finally:

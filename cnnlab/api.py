@@ -1,5 +1,5 @@
 """cnnlab from Python: the lab's files read into numpy arrays, and the network run on them on the CPU or a
-GPU, through the same backends as the command line (cpu.py, cuda.py).
+GPU, through the same backends as the command line (cnnlab/cpu/, cnnlab/cuda/).
 
 Every problem is raised as one of cnnlab's exceptions (cnnlab/errors.py): ArrayError (also a
 ValueError) for an array that is not what was expected, InputFileError for a file, DeviceError
@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 
 from cnnlab.arrays import device_array, host_images
-from cnnlab.cpu import CpuBackend
+from cnnlab.cpu.backend import CpuBackend
 from cnnlab.errors import ArrayError, UsageError
-from cnnlab.formats import ImageReader, open_images, trailing_data_note
-from cnnlab.labcsv import read_cnn
+from cnnlab.files.formats import ImageReader, open_images, trailing_data_note
+from cnnlab.files.labcsv import read_cnn
 from cnnlab.network import INPUT_DIM, OUT_LAYER_SIZE, Cnn, ImageBatch, require_finite
 from cnnlab.run import fill_images
 
@@ -101,7 +101,7 @@ def forward(images: Any, cnn: Cnn, device: str = "cpu", out: Any = None) -> Any:
     if not isinstance(cnn, Cnn):
         raise UsageError(f"cnn must be a cnnlab.Cnn (load_cnn(path), or Cnn(filters, weights)), not {type(cnn).__name__}")
     if device == "cuda":
-        from cnnlab.cuda import CudaContext
+        from cnnlab.cuda.context import CudaContext
 
         with CudaContext(cnn) as gpu:
             return gpu.forward(images, out)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cnnlab.formats import read_outputs
+from cnnlab.files.formats import read_outputs
 
 DEFAULT_REL_TOL = 1e-9
 DEFAULT_ABS_TOL = 0.0

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from cnnlab.filesafety import AtomicOutput, written_together
-from cnnlab.labcsv import format_rows, write_images
+from cnnlab.files.labcsv import format_rows, write_images
+from cnnlab.files.safety import AtomicOutput, written_together
 from cnnlab.network import CONV_LAYER_SIZE, FILTER_DIM, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM
 from cnnlab.progress import Progress
 

@@ -26,7 +26,7 @@ from cnnlab.errors import ArrayError
 #   window   (CSV) a host buffer the file's bytes are read into (page-locked for the GPU); two take turns.
 #   span     (CSV) the whole lines of a window that make one batch (or one step).
 #   piece    (CSV) a span's lines cut for one parse: 16 images for a host thread, a chunk for the GPU
-#            (kernel/csv.cu and csv_gpu.py call the piece they parse a "block").
+#            (kernel/csv.cu and cuda/csv_parser.py call the piece they parse a "block").
 #   share    (CSV) the bytes of a window one thread walks when a span is cut into pieces.
 #   A CUDA "thread block" is always called that in full.
 INPUT_DIM = 100  # an image is INPUT_DIM x INPUT_DIM

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from cnnlab.errors import ArrayError, InputFileError
-from cnnlab.formats import ImageReader, open_images, open_outputs
-from cnnlab.labcsv import CsvBatch, CsvImageReader
+from cnnlab.files.formats import ImageReader, open_images, open_outputs
+from cnnlab.files.labcsv import CsvBatch, CsvImageReader
 from cnnlab.network import Backend, ImageBatch, OutputBatch, first_nonfinite
 from cnnlab.progress import Progress
 

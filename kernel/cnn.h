@@ -2,7 +2,7 @@
 // guard, the bit-exact convolution sum, the block-wide reduction of warp shuffles, and the
 // asynchronous 16-byte copy (cp.async on sm_80 and newer, a plain load and store before).
 //
-// Every size comes from Python (cnnlab/network.py, cnnlab/kernels.py, cnnlab/ladder.py) as -D
+// Every size comes from Python (cnnlab/network.py, cnnlab/cuda/kernels.py, cnnlab/cuda/launchers.py) as -D
 // flags passed by the build step; nothing here has a default, so the two sides cannot disagree.
 #pragma once
 

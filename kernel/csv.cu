@@ -3,12 +3,12 @@
 //
 // Build:  nvcc -fatbin -arch=sm_90 -std=c++17 -O3 -Ikernel -o csv.fatbin kernel/csv.cu
 //         (a module of its own, apart from kernel.cu; PyCUDA loads it with module_from_file)
-// Run:    cnnlab/csv_gpu.py: CsvParser.parse() launches the five kernels below on a stream
+// Run:    cnnlab/cuda/csv_parser.py: CsvParser.parse() launches the five kernels below on a stream
 // Check:  pytest -m gpu tests/test_csv_gpu.py        (builds this file itself; float() is the reference)
 // Time:   python tools/bench_csv_gpu.py IN_CSV       (GB/s of text, CUDA events)
 //
 // The host reads the file in blocks cut at line ends (knowing each block's non-blank lines, `rows`,
-// from the summaries its read threads made of 1 MB pieces as they landed: csvtext.Lines, the Seg
+// from the summaries its read threads made of 1 MB pieces as they landed: files/lines.py's Lines, the Seg
 // below on the CPU), copies the block to the device and calls, in stream order:
 //   csv_tile_summaries  a thread block per 8 KB tile: the tile's line summary (reduce)
 //   csv_scan_tiles      one thread block: exclusive scan of the tile summaries; the block's line count
@@ -57,7 +57,7 @@
 //               csv_patch_fields. overflow != 0: more than CSV_HOST_SLOTS, convert the whole block
 //               on the host.
 //
-// Scratch per lane (cnnlab/csv_gpu.py scratch_bytes): 12 bytes per 8 KB tile, 8 bytes (span) and
+// Scratch per lane (cnnlab/cuda/csv_parser.py scratch_bytes): 12 bytes per 8 KB tile, 8 bytes (span) and
 // 400 bytes (field ends) per row, 2 KB of patch values.
 
 #include "lab_csv.h"
@@ -88,7 +88,7 @@ struct CsvStatus {
     CsvHostField host[CSV_HOST_SLOTS];
 };
 
-// The layout, read by cnnlab/csv_gpu.py when it loads the module, so the two sides cannot disagree.
+// The layout, read by cnnlab/cuda/csv_parser.py when it loads the module, so the two sides cannot disagree.
 extern "C" __constant__ int csv_layout[6] = {(int)sizeof(CsvStatus), CSV_HOST_SLOTS, CSV_WIDTH,
                                              CSV_TILE_BYTES, (int)sizeof(int2), 12 /* sizeof(Seg) */};
 

@@ -2,7 +2,7 @@
 //
 // Build:  python build.py            (nvcc to kernel/kernel.fatbin with the sizes as -D flags: machine code
 //                                     for sm_75..sm_90 and compute_75 PTX for any newer GPU)
-// Run:    python -m cnnlab cuda      (cnnlab/cuda.py loads kernel/kernel.fatbin and launches these)
+// Run:    python -m cnnlab cuda      (cnnlab/cuda/context.py loads kernel/kernel.fatbin and launches these)
 // Check:  pytest -m gpu tests/test_cuda.py   (outputs against the numpy CPU backend, the reference)
 //
 // Data layout (row-major, as the lab's files):
@@ -10,7 +10,7 @@
 //   conv_out [batch][10][20][20]    after convolution and ReLU, i.e. [batch][4000] flattened
 //   weights  [10][4000]             the output layer
 //   partials [segments][stride][10] one partial dot product per segment of the 4000 inputs;
-//                                   the host adds the segments up (cnnlab/cuda.py), or sum_segments
+//                                   the host adds the segments up (cnnlab/cuda/lanes.py), or sum_segments
 //                                   does, into a caller's device array
 //   outputs  [batch][10]            sum_segments' result
 //
@@ -25,7 +25,7 @@
 // about 48 ns, ~20 million images/s. 100,000 + 40,000 multiply-adds: 0.28 MFLOP, 5.6 TFLOP/s at
 // that rate, well under the FP64 peak. Both kernels are bound by memory, not arithmetic.
 
-// Every size below comes from cnnlab/network.py and cnnlab/kernels.py, passed by the build step as
+// Every size below comes from cnnlab/network.py and cnnlab/cuda/kernels.py, passed by the build step as
 // -D flags (cnnlab.kernels.nvcc_defines()); they are defined there once, never here.
 #if !defined(CONV_BANDS_PER_BLOCK) || !defined(DENSE_MAX_THREADS)
 #error "kernel sizes missing: build with `python build.py`, which passes them as -D flags"
@@ -151,7 +151,7 @@ sum_segments(const double *__restrict__ partials, double *__restrict__ outputs, 
 
 // find_nonfinite: sets *nonfinite to 1 where any of `count` doubles is a NaN or an infinity. It is the
 // check conv2d_relu makes as it loads its tile, on its own, for the rungs of the ladder whose kernels
-// make none (cnnlab/cuda.py runs it before them where the images are not known to be finite): one
+// make none (cnnlab/cuda/lanes.py runs it before them where the images are not known to be finite): one
 // more read of the images, 16 bytes a thread at a time, grid-stride, at the copy rate. `count` is a
 // whole number of images, so even.
 extern "C" __global__ void

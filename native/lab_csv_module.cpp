@@ -19,7 +19,7 @@
 //
 //   summarize(data, start, end) -> (newlines, head_ink, tail_ink, inner, first, last, longest)
 //       What the lines of data[start:end] say, for cutting a text read in parts on several threads
-//       (csvtext.py combines the parts' summaries; kernel/csv.cu's Seg is the same monoid):
+//       (cnnlab/files/lines.py combines the parts' summaries; kernel/csv.cu's Seg is the same monoid):
 //       newlines: '\n's in the range; head_ink: a byte that is not blank before the first '\n'
 //       (anywhere if none); tail_ink: one after the last '\n'; inner: lines wholly inside (between
 //       two '\n's of the range) that are not blank; first, last: offsets of the first and last
@@ -271,7 +271,7 @@ PyObject *summarize(PyObject *, PyObject *args)
 
 // The window is read in pieces of this many bytes, claimed by the threads as they go (a thread the
 // machine holds up then delays the read by one piece, not by its whole share), each summarized as it
-// lands; a cut then walks no more than a piece (csvtext.cut_summarized).
+// lands; a cut then walks no more than a piece (lines.cut_summarized).
 constexpr Py_ssize_t PIECE_BYTES = 1 << 20;
 
 struct Piece {

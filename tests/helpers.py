@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 
 from cnnlab.compare import lab_close
-from cnnlab.cpu import CpuBackend
+from cnnlab.cpu.backend import CpuBackend
+from cnnlab.files.labcsv import CsvImageReader, write_input_file
 from cnnlab.generate import random_values, write_cnn_file
-from cnnlab.labcsv import CsvImageReader, write_input_file
 from cnnlab.network import Cnn, ImageBatch
 
 ROOT = Path(__file__).resolve().parent.parent

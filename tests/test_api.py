@@ -12,8 +12,8 @@ from helpers import INPUT_KINDS, ROOT, random_cnn, write_files
 from reference import reference_forward
 
 import cnnlab
+from cnnlab.files.labcsv import read_output_rows
 from cnnlab.generate import random_values
-from cnnlab.labcsv import read_output_rows
 
 
 def reference(images: np.ndarray, cnn: cnnlab.Cnn) -> np.ndarray:

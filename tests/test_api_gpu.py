@@ -141,7 +141,7 @@ def test_device_arrays_the_kernels_cannot_read_are_refused(rng: np.random.Genera
 def test_values_that_are_not_finite_are_found_by_the_kernel(rng: np.random.Generator, library: Library, value: float, kernel: str) -> None:
     """-inf would even vanish in the ReLU: the convolution kernel flags it as it reads it (the default rung), or
     find_nonfinite does before the rung's kernels (rungs that make no check of their own)."""
-    from cnnlab.ladder import LaunchConfig
+    from cnnlab.cuda.ladder import LaunchConfig
 
     cnn = random_cnn(rng)
     images = random_values(rng, 900, 100, 100)

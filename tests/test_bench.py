@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from helpers import ROOT, SUBPROCESS_ENV, assert_one_line_error, cnnlab
 
-from cnnlab.benchreport import BenchOptions, BenchReport, Figure, format_table, ratios
+from cnnlab.bench.report import BenchOptions, BenchReport, Figure, format_table, ratios
 
 
 def test_bench_cpu_row_table_and_json(tmp_path: Path) -> None:
@@ -90,7 +90,7 @@ def _report_with_every_kind_of_row() -> BenchReport:
 
 @pytest.mark.parametrize("gpu_ran", [False, True])
 def test_the_plot_draws_each_row_against_its_bound(gpu_ran: bool) -> None:
-    from cnnlab.benchreport import draw_plot
+    from cnnlab.bench.report import draw_plot
 
     report = _report_with_every_kind_of_row()
     if not gpu_ran:
@@ -123,7 +123,7 @@ def test_bench_plot_on_any_machine_writes_a_drawing(tmp_path: Path, rows: str) -
 
 
 def test_bench_plot_without_matplotlib_is_one_line_saying_how_to_install_it(tmp_path: Path) -> None:
-    script = "import sys; sys.modules['matplotlib'] = None; from cnnlab.cli import main; sys.exit(main(sys.argv[1:]))"
+    script = "import sys; sys.modules['matplotlib'] = None; from cnnlab.cli.main import main; sys.exit(main(sys.argv[1:]))"
     command = [sys.executable, "-c", script, "bench", "--rows", "cpu", "--plot", str(tmp_path / "bench.png")]
     result = subprocess.run(command, env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=300)
     message = assert_one_line_error(result)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cnnlab import buildstep, nvcc
+from cnnlab.cuda import buildstep, nvcc
 from cnnlab.errors import DeviceError
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (the CUDA toolkit) is not installed here")
@@ -70,9 +70,9 @@ def test_compile_error_is_reported(tmp_path: Path) -> None:
 
 @needs_nvcc
 def test_kernel_sizes_come_from_python_alone(tmp_path: Path) -> None:
-    """The PTX's launch bounds and shared arrays are the sizes cnnlab/kernels.py and network.py define;
+    """The PTX's launch bounds and shared arrays are the sizes cnnlab/cuda/kernels.py and cnnlab/network.py define;
     without the build step's -D flags the kernel does not compile at all."""
-    from cnnlab.kernels import CONV_BANDS_PER_BLOCK, CONV_THREADS, DENSE_MAX_THREADS
+    from cnnlab.cuda.kernels import CONV_BANDS_PER_BLOCK, CONV_THREADS, DENSE_MAX_THREADS
     from cnnlab.network import CONV_LAYER_SIZE, FILTER_DIM, INPUT_DIM
 
     text = nvcc.build_ptx(nvcc.kernel_source(), tmp_path / "kernel.ptx").read_text()

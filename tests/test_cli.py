@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from helpers import ROOT, SUBPROCESS_ENV, TIMING_LINE, assert_one_line_error, cnnlab, random_cnn, read_all_images, write_files
 
-from cnnlab.cpu import CpuBackend
+from cnnlab.cpu.backend import CpuBackend
+from cnnlab.files.labcsv import read_output_rows as read_outputs
 from cnnlab.generate import random_values
-from cnnlab.labcsv import read_output_rows as read_outputs
 from cnnlab.network import ImageBatch
 from cnnlab.resources import resource_dir
 
@@ -166,7 +166,7 @@ def test_without_the_native_parser_the_same_outputs_and_one_note(tmp_path: Path,
     """Where no C++ compiler built cnnlab._lab_csv: the same bytes out, parsed and written in Python, and one line saying why it is slow."""
     cnn_path, input_path = write_files(tmp_path, random_cnn(rng), random_values(rng, 3, 100, 100))
     assert cnnlab("cpu", cnn_path, input_path, tmp_path / "native.csv").returncode == 0
-    script = "import sys; sys.modules['cnnlab._lab_csv'] = None; from cnnlab.cli import main; sys.exit(main(sys.argv[1:]))"
+    script = "import sys; sys.modules['cnnlab._lab_csv'] = None; from cnnlab.cli.main import main; sys.exit(main(sys.argv[1:]))"
     command = [sys.executable, "-c", script, "cpu", str(cnn_path), str(input_path), str(tmp_path / "python.csv")]
     result = subprocess.run(command, env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
@@ -188,7 +188,7 @@ def _in_a_terminal(args: list[str], cwd: Path) -> tuple[subprocess.CompletedProc
 
     script = (
         "import sys; from cnnlab.progress import Progress; Progress.DELAY_SECONDS = Progress.INTERVAL_SECONDS = 0; "
-        "from cnnlab.cli import main; sys.exit(main(sys.argv[1:]))"
+        "from cnnlab.cli.main import main; sys.exit(main(sys.argv[1:]))"
     )
     controller, terminal = pty.openpty()
     try:

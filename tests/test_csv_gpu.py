@@ -1,7 +1,7 @@
 """kernel/csv.cu against Python's float(), bit for bit (needs nvcc, pycuda and a CUDA GPU).
 
 Each test cuts text into blocks at line ends, as cnnlab's host does, counts their non-blank lines
-on the host and parses them on the device with cnnlab.csv_gpu. Every value must end up as float()
+on the host and parses them on the device with cnnlab.cuda.csv_parser. Every value must end up as float()
 of its text: converted on the device, or listed as HOST and patched in from the host, or (when a
 block lists too many) converted by the host; every bad line must be reported at its row, the
 same row labcsv's line checker names.
@@ -21,7 +21,7 @@ import pytest
 from helpers import ROOT, why_no_gpu
 
 from cnnlab.errors import InputFileError
-from cnnlab.labcsv import check_lines
+from cnnlab.files.labcsv import check_lines
 
 WHY_NO_GPU = why_no_gpu(builds_kernels=True)
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(WHY_NO_GPU is not None, reason=str(WHY_NO_GPU))]
@@ -76,7 +76,7 @@ def cut_at(text: bytes, cuts: list[int]) -> list[bytes]:
 class Run:
     blocks: list[bytes]
     rows: list[int]  # the host's count of each block
-    results: list[Any]  # csv_gpu.BlockResult per block
+    results: list[Any]  # csv_parser.BlockResult per block
     before: np.ndarray  # the images after the kernels, before any patch (rows, 100)
     after: np.ndarray  # after the HOST patches, and the host's conversion of blocks it had to take over
 
@@ -88,7 +88,7 @@ class Gpu:
     """The module and one lane's parser; run() parses blocks as the host pipeline would."""
 
     def __init__(self, driver: Any, module: Any) -> None:
-        from cnnlab.csv_gpu import CsvParser, scratch_bytes
+        from cnnlab.cuda.csv_parser import CsvParser, scratch_bytes
 
         self.driver = driver
         self.scratch = driver.mem_alloc(scratch_bytes(MAX_BLOCK_BYTES, MAX_ROWS))
@@ -96,7 +96,7 @@ class Gpu:
         self.stream = driver.Stream()
 
     def run(self, blocks: list[bytes], rows: list[int] | None = None) -> Run:
-        from cnnlab.csv_gpu import STATUS_DTYPE, host_values, read_status
+        from cnnlab.cuda.csv_parser import STATUS_DTYPE, host_values, read_status
 
         driver = self.driver
         rows = [len(non_blank_lines(block)) for block in blocks] if rows is None else rows

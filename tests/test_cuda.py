@@ -21,7 +21,7 @@ from helpers import (
     write_files,
 )
 
-from cnnlab import cli
+from cnnlab.cli import main as cli
 from cnnlab.compare import compare_files
 from cnnlab.generate import random_values
 from cnnlab.network import Cnn, ImageBatch
@@ -32,7 +32,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(WHY_NO_GPU is not None, reason
 
 
 def context(cnn: Cnn, batch_size: int | None = None, **config: int):
-    from cnnlab.cuda import CudaContext, LaunchConfig
+    from cnnlab.cuda.context import CudaContext
+    from cnnlab.cuda.ladder import LaunchConfig
 
     return CudaContext(cnn, batch_size, LaunchConfig(**config))
 
@@ -121,7 +122,7 @@ def test_a_lane_refills_its_staging_buffer_only_after_the_copy_out_of_it(rng: np
     images = random_values(rng, 64, 100, 100)
     with context(cnn, 64, streams=2, chunk_images=8) as gpu:
         recorded: list[object] = []
-        for lane in gpu._lanes:
+        for lane in gpu._lanes.lanes:
             event = lane._staging_free
             lane._staging_free = SimpleNamespace(
                 record=lambda stream, event=event: (recorded.append(stream), event.record(stream)), synchronize=event.synchronize
@@ -171,8 +172,8 @@ def test_a_failed_launch_is_one_line_and_leaves_no_output(tmp_path: Path, rng: n
     (tmp_path / "out.csv").write_text("old\n")
     script = (
         "import sys\n"
-        "from cnnlab import cli\n"
-        "from cnnlab.cuda import CudaContext, DeviceImages\n"
+        "from cnnlab.cli import main as cli\n"
+        "from cnnlab.cuda.context import CudaContext, DeviceImages\n"
         "compute = CudaContext.compute\n"
         "calls = []\n"
         "def faulty(self, batch, check_finite=False):\n"
@@ -268,7 +269,8 @@ def _spelled(rng: np.random.Generator, images: np.ndarray, crlf: bool) -> str:
 
 @pytest.mark.parametrize("crlf", [False, True])
 def test_csv_parsed_on_the_device_gives_the_host_parsers_images_bit_for_bit(tmp_path: Path, rng: np.random.Generator, crlf: bool) -> None:
-    from cnnlab.cuda import CudaContext, LaunchConfig
+    from cnnlab.cuda.context import CudaContext
+    from cnnlab.cuda.ladder import LaunchConfig
     from cnnlab.run import run_network
 
     cnn = random_cnn(rng)

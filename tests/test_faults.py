@@ -20,8 +20,8 @@ import pytest
 from helpers import SUBPROCESS_ENV, TIMING_LINE, assert_one_line_error, cnnlab, random_cnn, why_no_gpu, write_files
 
 from cnnlab.errors import InputFileError
+from cnnlab.files.npy import NpyImageReader
 from cnnlab.generate import random_values
-from cnnlab.npy import NpyImageReader
 
 CLOSED_PIPE_STATUS = 128 + signal.SIGPIPE
 WHY_NO_GPU = why_no_gpu()
@@ -445,7 +445,7 @@ def test_a_signal_between_two_renames_waits_for_the_second(tmp_path: Path, monke
     # generate's pair: a SIGTERM that arrives after the first rename (from any thread: OpenBLAS's too) is raised
     # only once both files are in place.
     from cnnlab import interrupts
-    from cnnlab.filesafety import AtomicOutput, written_together
+    from cnnlab.files.safety import AtomicOutput, written_together
 
     previous = {signum: signal.getsignal(signum) for signum in interrupts.SIGNAL_EXITS}
     first, second = AtomicOutput(tmp_path / "cnn.csv"), AtomicOutput(tmp_path / "in.csv")

@@ -10,9 +10,9 @@ import pytest
 from helpers import BAD_INPUTS, input_lines, random_cnn, read_all_images, write_files
 
 from cnnlab.errors import InputFileError
-from cnnlab.formats import open_outputs, read_outputs
+from cnnlab.files.formats import open_outputs, read_outputs
+from cnnlab.files.labcsv import AtomicOutput, CsvImageReader, read_cnn
 from cnnlab.generate import generate, random_values
-from cnnlab.labcsv import AtomicOutput, CsvImageReader, read_cnn
 from cnnlab.network import OutputBatch
 
 

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from helpers import assert_one_line_error, cnnlab, random_cnn, read_all_images, write_files
 
-from cnnlab import labcsv as csv_files
-from cnnlab.convert import convert
-from cnnlab.cpu import CpuBackend
+from cnnlab.cpu.backend import CpuBackend
 from cnnlab.errors import InputFileError
-from cnnlab.formats import open_images, read_outputs
+from cnnlab.files import labcsv as csv_files
+from cnnlab.files.convert import convert
+from cnnlab.files.formats import open_images, read_outputs
 from cnnlab.generate import random_values
 from cnnlab.network import ImageBatch, OutputBatch
 from cnnlab.run import run_network
@@ -164,7 +164,7 @@ def test_a_failure_stops_the_run_cleanly(tmp_path: Path, rng: np.random.Generato
 
 def test_text_windows_are_reserved_by_the_images_not_by_data_past_them(tmp_path: Path, rng: np.random.Generator) -> None:
     """A file of one image and 20 MB of trailing lines: its bytes per image are no guide to the windows a batch needs."""
-    from cnnlab.csvtext import HostMemory
+    from cnnlab.files.text import HostMemory
 
     class Recorder(HostMemory):
         def __init__(self) -> None:

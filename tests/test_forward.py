@@ -7,7 +7,7 @@ import pytest
 from helpers import random_cnn
 from reference import reference_forward
 
-from cnnlab.cpu import CpuBackend
+from cnnlab.cpu.backend import CpuBackend
 from cnnlab.generate import random_values
 from cnnlab.network import Cnn, ImageBatch, OutputBatch
 

@@ -534,35 +534,35 @@ def test_threads_release_the_gil_and_agree(rng: np.random.Generator) -> None:
 def test_cutting_from_summaries_matches_one_thread(lines: list[bytes], rows: int, every: int, splits: list[int], pooled: bool) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    from cnnlab import csvtext
+    from cnnlab.files import lines as csvlines
 
     data = np.frombuffer(b"".join(line + b"\n" for line in lines), np.uint8)
-    expected = csvtext.cut_rows(data, 0, rows, every)
+    expected = csvlines.cut_rows(data, 0, rows, every)
     bounds = sorted({0, len(data), *(split for split in splits if split < len(data))})
-    parts = [csvtext.summarize(data, a, b) for a, b in zip(bounds, bounds[1:])]
+    parts = [csvlines.summarize(data, a, b) for a, b in zip(bounds, bounds[1:])]
     for part in parts:  # the native summary is the pure-Python twin's
-        assert part == csvtext._summarize_python(data, part.start, part.end)
-    whole = parts[0] if parts else csvtext.summarize(data, 0, 0)
+        assert part == csvlines._summarize_python(data, part.start, part.end)
+    whole = parts[0] if parts else csvlines.summarize(data, 0, 0)
     for part in parts[1:]:
         whole = whole.then(part)
-    assert whole == csvtext.summarize(data, 0, len(data))  # combining parts is summarizing them at once
+    assert whole == csvlines.summarize(data, 0, len(data))  # combining parts is summarizing them at once
     assert whole.rows == sum(1 for line in lines if line.strip(BLANK))
     assert whole.longest_line == max((len(line) for line in lines), default=0)
     with ThreadPoolExecutor(2) as pool:
-        assert csvtext.cut_summarized(data, 0, parts, rows, every, pool if pooled else None) == expected
+        assert csvlines.cut_summarized(data, 0, parts, rows, every, pool if pooled else None) == expected
 
 
 def test_a_summary_says_where_lines_end_and_which_hold_ink() -> None:
-    from cnnlab import csvtext
+    from cnnlab.files import lines as csvlines
 
     data = np.frombuffer(b" a\n\n \t\nbc,d\n  ", np.uint8)
-    assert csvtext.summarize(data, 0, len(data)) == csvtext.Lines(0, 14, 4, True, False, 1, 2, 11, 4)
-    assert csvtext.summarize(data, 3, 8) == csvtext.Lines(3, 8, 2, False, True, 0, 3, 6, 2)  # "\n \t\nb": a blank line inside
-    assert csvtext.summarize(data, 0, 1) == csvtext.Lines(0, 1, 0, False, False, 0, -1, -1, 0)
+    assert csvlines.summarize(data, 0, len(data)) == csvlines.Lines(0, 14, 4, True, False, 1, 2, 11, 4)
+    assert csvlines.summarize(data, 3, 8) == csvlines.Lines(3, 8, 2, False, True, 0, 3, 6, 2)  # "\n \t\nb": a blank line inside
+    assert csvlines.summarize(data, 0, 1) == csvlines.Lines(0, 1, 0, False, False, 0, -1, -1, 0)
 
 
 def test_read_summarized_fills_the_window_and_summarizes_each_part(tmp_path) -> None:
-    from cnnlab import csvtext
+    from cnnlab.files import lines as csvlines
 
     text = b"".join(b"%d,%d\n" % (index, index * 7) + (b"\n" if index % 5 == 0 else b"") for index in range(400000))
     path = tmp_path / "rows.csv"
@@ -574,10 +574,10 @@ def test_read_summarized_fills_the_window_and_summarizes_each_part(tmp_path) -> 
     finally:
         os.close(fd)
     assert count == len(text) and window[3 : 3 + count].tobytes() == text
-    parts = [csvtext.Lines(*part) for part in parts]
+    parts = [csvlines.Lines(*part) for part in parts]
     assert len(parts) > 1 and parts[0].start == 3 and parts[-1].end == 3 + count
     assert [a.end for a in parts[:-1]] == [b.start for b in parts[1:]]
-    assert parts == [csvtext.summarize(window, part.start, part.end) for part in parts]
+    assert parts == [csvlines.summarize(window, part.start, part.end) for part in parts]
     with pytest.raises(OSError):
         native.read_summarized(-1, window, 0, 10, 0, 2)
 
@@ -588,7 +588,7 @@ def test_a_file_read_on_several_threads_and_ahead_gives_the_same_spans(tmp_path,
     window; with a gap of 64 bytes before the bytes read ahead, what a take leaves over never fits there."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from cnnlab import csvtext
+    from cnnlab.files import text as csvtext
 
     if gap is not None:
         monkeypatch.setattr(csvtext, "AHEAD_GAP", gap)

@@ -1,4 +1,4 @@
-"""The optimization ladder (cnnlab/ladder.py, kernel/ladder/): every rung's source builds and holds what
+"""The optimization ladder (cnnlab/cuda/ladder.py and launchers.py, kernel/ladder/): every rung's source builds and holds what
 its header claims (runs where nvcc is), and on a GPU every rung computes the CPU's outputs from fresh
 random data: bit for bit where the rung claims it, the conv bit for bit where it claims that, within
 the lab's rule otherwise; `cnnlab cuda --kernel NAME` end to end; the ladder's bench rows."""
@@ -27,10 +27,10 @@ from helpers import (
     write_files,
 )
 
-from cnnlab import ladder, nvcc
-from cnnlab.benchreport import LADDER_BOUND, BenchOptions, BenchReport, Figure, format_ladder
+from cnnlab.bench.report import LADDER_BOUND, BenchOptions, BenchReport, Figure, format_ladder
 from cnnlab.compare import compare_files
-from cnnlab.cpu import CpuBackend
+from cnnlab.cpu.backend import CpuBackend
+from cnnlab.cuda import ladder, launchers, nvcc
 from cnnlab.errors import DeviceError
 from cnnlab.generate import random_values
 from cnnlab.network import Cnn, ImageBatch
@@ -94,34 +94,34 @@ def test_every_rung_builds_for_the_oldest_and_the_newest_target(tmp_path: Path, 
 
 @needs_nvcc
 def test_each_rung_does_what_its_header_says(tmp_path: Path) -> None:
-    def ptx(build: ladder.Build, arch: str) -> str:
+    def ptx(build: launchers.Build, arch: str) -> str:
         return nvcc.build_ptx(nvcc.kernel_source(build.source), tmp_path / "rung.ptx", arch, build.sizes).read_text()
 
-    constant = ptx(ladder.CONSTANT_BUILD, "compute_90")
+    constant = ptx(launchers.CONSTANT_BUILD, "compute_90")
     assert "ld.const.f64" in entry(constant, "conv_constant") and "ld.const" not in entry(constant, "conv_global")
-    tiled = ptx(ladder.FUSED_TILED_BUILD, "compute_90")
+    tiled = ptx(launchers.FUSED_TILED_BUILD, "compute_90")
     assert "cp.async.cg.shared.global" in tiled and "fma.rn.f64" in tiled
-    assert "cp.async" not in ptx(ladder.FUSED_TILED_BUILD, "compute_75")
+    assert "cp.async" not in ptx(launchers.FUSED_TILED_BUILD, "compute_75")
     # The bit-exact conv: separately rounded multiplies and adds, 250 of each for 10 filters (less the first adds);
     # rung 11's: 10 multiplies, the rest FMAs (the dense layer's 100 besides).
     assert (tiled.count("mul.rn.f64"), tiled.count("add.rn.f64"), tiled.count("fma.rn.f64")) == (250, 240, 100)
-    fma = ptx(ladder.FUSED_TILED_FMA_BUILD, "compute_90")
+    fma = ptx(launchers.FUSED_TILED_FMA_BUILD, "compute_90")
     assert (fma.count("mul.f64"), fma.count("add.rn.f64"), fma.count("fma.rn.f64")) == (10, 0, 340)
-    mma = ptx(ladder.MMA_BUILD, "compute_90")
+    mma = ptx(launchers.MMA_BUILD, "compute_90")
     assert "mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64" in entry(mma, "conv_mma")
     assert "mma.sync.aligned.m8n8k4" in entry(mma, "dense_mma")
-    assert "mma.sync" not in ptx(ladder.MMA_BUILD, "compute_75")
+    assert "mma.sync" not in ptx(launchers.MMA_BUILD, "compute_75")
 
 
 def test_the_tiled_rungs_image_stride_spreads_each_half_warp_over_every_bank() -> None:
     for tile in (8, 16):
-        stride, columns = ladder.conflict_free_stride(tile), 32 // tile
+        stride, columns = launchers.conflict_free_stride(tile), 32 // tile
         assert stride % 2 == 0  # 16-byte copies
         for half in (0, 16):
             # 8-byte loads: lane -> image lane / columns, column lane % columns; a double covers banks 2k, 2k + 1.
             banks = [((lane // columns) * stride + lane % columns * 5) * 2 % 32 for lane in range(half, half + 16)]
             assert sorted(banks) == list(range(0, 32, 2))
-    assert ladder.fused_tiled_shared_bytes(ladder.fused_tiled_sizes(16, 2)) <= 227 * 1024  # what an H100 block may take
+    assert launchers.fused_tiled_shared_bytes(launchers.fused_tiled_sizes(16, 2)) <= 227 * 1024  # what an H100 block may take
 
 
 def test_an_unknown_kernel_is_one_line_and_status_2() -> None:
@@ -156,7 +156,8 @@ def test_a_peer_that_is_not_installed_is_skipped_with_its_reason(framework: str)
     if importlib.util.find_spec(framework) is not None:
         pytest.skip(f"{framework} is installed here: the bench runs it")
     done = subprocess.run(
-        [sys.executable, "-m", "cnnlab.peers", framework, "--images", "2"], capture_output=True, text=True, env=SUBPROCESS_ENV, timeout=120
+        [sys.executable, "-m", "cnnlab.bench.peers", framework, "--images", "2"],
+        capture_output=True, text=True, env=SUBPROCESS_ENV, timeout=120,
     )
     assert done.returncode == 0, done.stderr
     [line] = done.stdout.splitlines()
@@ -172,7 +173,8 @@ def cpu_outputs(cnn: Cnn, images: np.ndarray) -> np.ndarray:
 
 
 def gpu_outputs(cnn: Cnn, images: np.ndarray, kernel: str, chunk: int, streams: int = 2) -> np.ndarray:
-    from cnnlab.cuda import CudaContext, LaunchConfig
+    from cnnlab.cuda.context import CudaContext
+    from cnnlab.cuda.ladder import LaunchConfig
 
     with CudaContext(cnn, len(images), LaunchConfig(kernel=kernel, chunk_images=chunk, streams=streams)) as gpu:
         return gpu.compute(ImageBatch(images)).values
@@ -232,14 +234,16 @@ def test_cli_cuda_kernel_end_to_end_passes_compare(tmp_path: Path, rng: np.rando
 
 @on_gpu
 def test_time_kernels_gives_the_outputs_compute_gives(rng: np.random.Generator) -> None:
-    from cnnlab.cuda import CudaContext, DeviceImages, LaunchConfig
+    from cnnlab.bench.gpu import time_kernels
+    from cnnlab.cuda.context import CudaContext, DeviceImages
+    from cnnlab.cuda.ladder import LaunchConfig
 
     cnn = random_cnn(rng)
     images = random_values(rng, 100, 100, 100)
     with CudaContext(cnn, 100, LaunchConfig(kernel="fused_tiled", chunk_images=100, streams=1)) as gpu:
         want = gpu.compute(ImageBatch(images)).values
         resident = gpu.upload(ImageBatch(images))
-        timing = gpu.time_kernels(ladder.fused_tiled(gpu.setup), DeviceImages(resident.allocation, 100), 3)
+        timing = time_kernels(gpu, launchers.fused_tiled(gpu.setup), DeviceImages(resident.allocation, 100), 3)
     assert len(timing.seconds) == 3 and all(seconds > 0 for seconds in timing.seconds)
     assert timing.outputs.values.view(np.uint64).tolist() == want.view(np.uint64).tolist()
 

@@ -16,12 +16,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from cnnlab import cli
-from cnnlab.cpu import CpuBackend
+from cnnlab.cli import commands
+from cnnlab.cli import main as cli
+from cnnlab.cpu.backend import CpuBackend
 from cnnlab.errors import DeviceError
-from cnnlab.formats import open_outputs, read_outputs
+from cnnlab.files.formats import open_outputs, read_outputs
+from cnnlab.files.labcsv import read_cnn, write_input_file
 from cnnlab.generate import random_values, write_cnn_file
-from cnnlab.labcsv import read_cnn, write_input_file
 from cnnlab.network import ImageBatch, OutputBatch
 
 FINITE = st.floats(allow_nan=False, allow_infinity=False, width=64)
@@ -67,7 +68,7 @@ def test_device_failure_mid_run_is_one_line_and_leaves_no_output(
 ) -> None:
     cnn_path, input_path = write_files(tmp_path, random_cnn(rng), random_values(rng, 5, 100, 100))
     (tmp_path / "out.csv").write_text("old\n")
-    monkeypatch.setattr(cli, "make_backend", lambda mode, cnn, batch, host_parse=False, kernel=None: FailingBackend(cnn, batch))
+    monkeypatch.setattr(commands, "make_backend", lambda mode, cnn, batch, host_parse=False, kernel=None: FailingBackend(cnn, batch))
     assert cli.main(["cuda", str(cnn_path), str(input_path), str(tmp_path / "out.csv"), "--batch", "2"]) == 2
     captured = capsys.readouterr()
     assert captured.err == "cnnlab: CUDA error while computing: cuEventSynchronize failed: an illegal memory access was encountered\n"
@@ -194,7 +195,7 @@ def _peak_rss_kb(*args: str | os.PathLike) -> int:
     """Peak resident memory of a `cnnlab` run in a fresh process: its VmHWM, which (unlike ru_maxrss,
     which keeps the parent's figure across fork and exec) counts only what the run itself touched."""
     script = (
-        "import re, sys\nfrom cnnlab import cli\nstatus = cli.main(sys.argv[1:])\n"
+        "import re, sys\nfrom cnnlab.cli import main as cli\nstatus = cli.main(sys.argv[1:])\n"
         "print(re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read())[1])\nsys.exit(status)\n"
     )
     result = subprocess.run(

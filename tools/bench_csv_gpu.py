@@ -27,7 +27,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cnnlab.csv_gpu import STATUS_DTYPE, CsvParser, read_status, scratch_bytes  # noqa: E402
+from cnnlab.cuda.csv_parser import STATUS_DTYPE, CsvParser, read_status, scratch_bytes  # noqa: E402
 
 GATE_BYTES = 16 << 30  # a memset of ~6 ms that holds the queue while Python launches behind it
 STAGES = ["tile_summaries", "scan_tiles", "index_rows", "split_rows", "parse_fields"]

@@ -6,15 +6,15 @@
 #   tools/gpu-check.sh [tests] [bench] [bar] [startup] [npy] [memory] [failrate] [long] [ladder]   (default: all)
 #   tests     every test, GPU ones included
 #   bench     cnnlab bench, every row, with --json and --plot
-#   ladder    the optimization ladder (issue 15): its tests, the top rung's tuning sweep and SASS counts,
+#   ladder    the optimization ladder: its tests, the top rung's tuning sweep and SASS counts,
 #             then cnnlab bench --rows kernels,peers with --json and --plot
 #   bar       10,000 CSV images: cpu, cuda (CSV parsed on the GPU) and cuda --host-parse agree, and their wall times
 #             (also cpu --no-read-ahead and cuda --batch 512)
 #   startup   the default data (4 images) in cpu and cuda mode, three times each: wall time and start-up
-#   npy       65,536 images in a .npy file in the page cache: the compute loop's rate (issue 5)
-#   memory    peak RSS of 2,000 and 20,000 images, cpu and cuda, CSV and .npy (issue 5)
-#   failrate  100,000 images: how many outputs fail the lab's comparison, cuda against cpu (issue 6)
-#   long      200,000 images from .npy through cuda: a long run's wall time, rate and memory (issue 6)
+#   npy       65,536 images in a .npy file in the page cache: the compute loop's rate
+#   memory    peak RSS of 2,000 and 20,000 images, cpu and cuda, CSV and .npy
+#   failrate  100,000 images: how many outputs fail the lab's comparison, cuda against cpu
+#   long      200,000 images from .npy through cuda: a long run's wall time, rate and memory
 #   crossover cpu against cuda on CSV files of 4 to 3,000 images: from how many images the GPU pays off
 #   parsers   the native CSV parser on 1..16 threads (MB/s) and csv.cu's kernels (GB/s of text), 1,000 images
 #   sweep     the page-locked row against the copy bound for a few chunk sizes and stream counts

@@ -20,10 +20,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 
-from cnnlab import ladder  # noqa: E402
+from cnnlab.bench.gpu import device_copy_rate, time_kernels  # noqa: E402
 from cnnlab.compare import rule_verdict  # noqa: E402
-from cnnlab.cpu import CpuBackend  # noqa: E402
-from cnnlab.cuda import CudaContext, LaunchConfig, device_errors  # noqa: E402
+from cnnlab.cpu.backend import CpuBackend  # noqa: E402
+from cnnlab.cuda import launchers  # noqa: E402
+from cnnlab.cuda.context import CudaContext  # noqa: E402
+from cnnlab.cuda.driver import device_errors  # noqa: E402
+from cnnlab.cuda.ladder import LaunchConfig  # noqa: E402
 from cnnlab.errors import CnnlabError  # noqa: E402
 from cnnlab.generate import random_values  # noqa: E402
 from cnnlab.network import IMAGE_BYTES, Cnn, ImageBatch  # noqa: E402
@@ -47,18 +50,18 @@ def main() -> int:
         want = cpu.compute(ImageBatch(images[:CHECK_IMAGES])).values
     with CudaContext(cnn, 1, LaunchConfig(streams=1, chunk_images=1)) as context:
         resident = context.upload(ImageBatch(images))
-        bound = context.device_copy_rate(resident, args.repeats) / IMAGE_BYTES
+        bound = device_copy_rate(context, resident, args.repeats) / IMAGE_BYTES
         print(f"{context.device}: device-to-device copy bound {bound:,.0f} images/s")
         for tile, stages, exact in VARIANTS:
-            sizes = ladder.fused_tiled_sizes(tile, stages, exact)
-            build = ladder.Build(ladder.FUSED_TILED_BUILD.source, sizes, f"t{tile}s{stages}{'' if exact else 'fma'}")
-            shared = ladder.fused_tiled_shared_bytes(sizes)
+            sizes = launchers.fused_tiled_sizes(tile, stages, exact)
+            build = launchers.Build(launchers.FUSED_TILED_BUILD.source, sizes, f"t{tile}s{stages}{'' if exact else 'fma'}")
+            shared = launchers.fused_tiled_shared_bytes(sizes)
             name = f"tile {tile:>2}, {stages} stages, {'exact conv' if exact else 'FMA conv'}"
             try:
                 with device_errors(f"cannot load {build.variant}"):
-                    launcher = ladder.fused_tiled(context.setup, build)
+                    launcher = launchers.fused_tiled(context.setup, build)
                     registers = context.setup.module(build).get_function("fused_tiled").num_regs
-                timing = context.time_kernels(launcher, resident, args.repeats)
+                timing = time_kernels(context, launcher, resident, args.repeats)
             except CnnlabError as error:
                 print(f"{name}: not run: {error}")
                 continue

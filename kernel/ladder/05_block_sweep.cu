@@ -6,7 +6,7 @@
 // guessed (EECS 498's sweep took one kernel from 0.7 s to 0.4 s). This file is built once per
 // conv size in SWEEP_BANDS (CONV_BANDS_PER_BLOCK bands of 4,000 bytes of tile and 20 threads per
 // conv2d_relu block; 12 bands fill the 48 KB a static tile may take), and the bench times each
-// against every dense_tree size in SWEEP_THREADS (cnnlab/ladder.py); the fastest pair is the
+// against every dense_tree size in SWEEP_THREADS (cnnlab/cuda/launchers.py); the fastest pair is the
 // rung, and `cnnlab cuda --kernel block_sweep` uses the pair the H100 sweep found (BLOCK_SWEEP_BEST).
 //
 // Threads to data, exactness: as rung 4.

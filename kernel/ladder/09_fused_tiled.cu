@@ -16,7 +16,7 @@
 // tile and, over the 20 bands, its 20 patches (5r.., 5c..). A warp holds 32 / FT_TILE_IMAGES
 // columns of every image of the tile, so its threads read at most that many distinct weights at a
 // time (one shared-memory wavefront: the rest are broadcasts), and the image stride in shared
-// memory (FT_IMAGE_STRIDE, chosen by cnnlab/ladder.py) puts each half-warp's 16 tap loads in 16
+// memory (FT_IMAGE_STRIDE, chosen by cnnlab/cuda/launchers.py) puts each half-warp's 16 tap loads in 16
 // distinct bank pairs. After the 20th band a tile's sums are added across its 20 columns in shared
 // memory, in a fixed order, and written as one partial per neuron (segments = 1).
 //

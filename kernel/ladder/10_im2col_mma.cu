@@ -51,7 +51,7 @@ __device__ __forceinline__ void mma_8x8x4(double (&d)[2], double a, double b)
                  : "+d"(d[0]), "+d"(d[1])
                  : "d"(a), "d"(b));
 #else
-    __trap();  // no FP64 tensor cores: cnnlab/ladder.py refuses this rung before sm_80
+    __trap();  // no FP64 tensor cores: cnnlab/cuda/ladder.py refuses this rung before sm_80
 #endif
 }
 

@@ -10,9 +10,8 @@ from typing import Protocol
 
 import numpy as np
 
-import cnnlab.labcsv as labcsv
-import cnnlab.npy as npy
-from cnnlab.csvtext import TextMemory
+from cnnlab.files import labcsv, npy
+from cnnlab.files.text import TextMemory
 from cnnlab.network import OutputBatch
 
 

@@ -1,47 +1,127 @@
-"""`cnnlab bench`: how fast each path is on this machine, next to the bounds measured in the same run.
+"""`cnnlab bench`'s GPU rows: the lab's one image per launch, batches from page-locked memory, images resident
+on the device, the copy bounds, and the ladder's rungs, each timed against the bound measured in the same run.
 
-Every figure is images per second, the median of several repeats after a warm-up, on fresh random
-float64 data. Paths that end on the host (the backends' compute(), which returns finished outputs)
-are timed with perf_counter; the copy bounds and the ladder's kernels (`--rows kernels`), pure device
-work, with CUDA events; the peers (`--rows peers`: PyTorch and JAX, cnnlab/peers.py) each as its
-framework allows.
-
-The bounds: a batch from page-locked host memory cannot beat the host-to-device copy of its
-80,000 bytes per image; a batch resident on the device cannot beat reading its images once, at
-the device-to-device copy rate (bytes read plus bytes written).
+Paths that end on the host (compute(), which returns finished outputs) are timed with perf_counter;
+the copy bounds and the ladder's kernels, pure device work, with CUDA events.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
-import os
+import statistics
 import subprocess
-import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from cnnlab import ladder
-from cnnlab.benchreport import GPU_ROWS, LADDER_BOUND, BenchOptions, BenchReport, Figure, median_rate
-from cnnlab.benchtext import bench_csv, bench_reader
+from cnnlab.bench.report import LADDER_BOUND, BenchOptions, BenchReport, Figure, median_rate
 from cnnlab.compare import rule_verdict
-from cnnlab.cpu import CpuBackend
+from cnnlab.cpu.backend import CpuBackend
+from cnnlab.cuda import ladder
+from cnnlab.cuda.driver import device_errors
+from cnnlab.cuda.launchers import SWEEP_BANDS, SWEEP_THREADS, block_sweep
 from cnnlab.errors import CnnlabError
 from cnnlab.generate import random_values
-from cnnlab.network import CONV_LAYER_SIZE, FLOPS_PER_IMAGE, IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, Cnn, ImageBatch
-from cnnlab.peers import FRAMEWORKS, PeerResult
-from cnnlab.progress import Progress
+from cnnlab.network import FLOPS_PER_IMAGE, IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM, Cnn, ImageBatch, OutputBatch
 
 if TYPE_CHECKING:
-    from cnnlab.cuda import KernelTiming
-    from cnnlab.ladder import DeviceSetup
+    from cnnlab.cuda.context import CudaContext, DeviceImages
+    from cnnlab.cuda.launchers import DeviceSetup, Launcher
 
 # FP64 lanes per multiprocessor, by compute capability: the data-centre chips; others run FP64 at 1/64 of FP32 or less.
 FP64_LANES_PER_SM = {(6, 0): 32, (7, 0): 32, (8, 0): 32, (9, 0): 64}
-PEER_SECONDS = 420  # a framework's import, compiles and timing; past that it is reported as not run
+
+
+@dataclass(frozen=True)
+class KernelTiming:
+    """A rung's kernels over resident images: each timed run's seconds (CUDA events) and the last run's outputs."""
+
+    seconds: list[float]
+    outputs: OutputBatch
+
+    @property
+    def images_per_second(self) -> float:
+        return len(self.outputs) / statistics.median(self.seconds)
+
+
+@dataclass(frozen=True)
+class CopyRates:
+    """The copy bounds in bytes per second: host-to-device from page-locked memory, device-to-device (read + written)."""
+
+    host_to_device: float
+    device_to_device: float
+
+
+def time_kernels(context: CudaContext, rung: Launcher, images: DeviceImages, repeats: int) -> KernelTiming:
+    """`rung`'s kernels over resident images as one chunk, timed with CUDA events: a warm-up run, then
+    `repeats` timed runs; the outputs are the last run's partials added up on the host as the lanes add them."""
+    driver, count = context.driver, images.count
+    with device_errors("CUDA error while timing kernels"):
+        conv_out = context.memory.device(count * OUT_NEURON_DIM * 8) if rung.needs_conv_out else None
+        partials = context.memory.device(rung.segments * count * OUT_LAYER_SIZE * 8)
+        try:
+            stream, start, end = driver.Stream(), driver.Event(), driver.Event()
+            driver.memset_d8_async(partials, 0xFF, rung.segments * count * OUT_LAYER_SIZE * 8, stream)  # NaN: unwritten shows
+            rung(stream, int(images.allocation), conv_out, partials, count, count)
+            seconds = []
+            for _ in range(repeats):
+                start.record(stream)
+                rung(stream, int(images.allocation), conv_out, partials, count, count)
+                end.record(stream)
+                end.synchronize()
+                seconds.append(end.time_since(start) / 1e3)
+            host = np.empty((rung.segments, count, OUT_LAYER_SIZE))
+            driver.memcpy_dtoh(host, partials)
+        finally:
+            for allocation in (conv_out, partials):
+                if allocation is not None:
+                    context.memory.free(allocation)
+    return KernelTiming(seconds, OutputBatch(np.sum(host, axis=0)))
+
+
+def copy_rates(context: CudaContext, host: np.ndarray, images: DeviceImages | None, repeats: int) -> CopyRates:
+    """The copy bounds: `host` (page-locked) to the device, and `images` within it (device_to_device is
+    0.0 without them)."""
+
+    def copy(target: Any, stream: Any) -> None:
+        context.driver.memcpy_htod_async(target, host, stream)
+
+    h2d = host.nbytes / _copy_seconds(context, host.nbytes, copy, repeats)
+    return CopyRates(h2d, device_copy_rate(context, images, repeats) if images is not None else 0.0)
+
+
+def device_copy_rate(context: CudaContext, images: DeviceImages, repeats: int) -> float:
+    """Bytes per second (read + written) of copying `images` within the device: the bound of the resident figures."""
+    nbytes = images.count * IMAGE_BYTES
+
+    def copy(target: Any, stream: Any) -> None:
+        context.driver.memcpy_dtod_async(target, images.allocation, nbytes, stream)
+
+    return 2 * nbytes / _copy_seconds(context, nbytes, copy, repeats)
+
+
+def _copy_seconds(context: CudaContext, nbytes: int, copy: Callable[[Any, Any], None], repeats: int) -> float:
+    """The median seconds of `copy(target, stream)` into a fresh device buffer of `nbytes`, timed with
+    CUDA events after a warm-up."""
+    driver = context.driver
+    with device_errors("cannot time the copy bounds"):
+        target = context.memory.device(nbytes)
+        try:
+            stream, start, end = driver.Stream(), driver.Event(), driver.Event()
+            copy(target, stream)
+            times = []
+            for _ in range(repeats):
+                start.record(stream)
+                copy(target, stream)
+                end.record(stream)
+                end.synchronize()
+                times.append(end.time_since(start) / 1e3)
+        finally:
+            context.memory.free(target)
+    return statistics.median(times)
 
 
 def _repeat(run: Callable[[], object], times: int) -> None:
@@ -49,23 +129,12 @@ def _repeat(run: Callable[[], object], times: int) -> None:
         run()
 
 
-def _random_cnn(rng: np.random.Generator) -> Cnn:
-    return Cnn(random_values(rng, CONV_LAYER_SIZE, 5, 5), random_values(rng, OUT_LAYER_SIZE, 4000))
-
-
-def bench_cpu(cnn: Cnn, options: BenchOptions, rng: np.random.Generator) -> Figure:
-    batch = ImageBatch(random_values(rng, options.cpu_images, INPUT_DIM, INPUT_DIM))
-    with CpuBackend(cnn) as backend:
-        rate = median_rate(len(batch), lambda: backend.compute(batch), options.repeats)
-    return Figure("cpu", f"cpu: numpy forward ({backend.device})", rate, flops_per_image=FLOPS_PER_IMAGE)
-
-
 def bench_cuda(cnn: Cnn, options: BenchOptions, rng: np.random.Generator, report: BenchReport) -> None:
     """The GPU rows, the sweep and the device's name into `report`; raises CnnlabError without a usable GPU."""
-    from cnnlab.cuda import CudaContext, DeviceImages, LaunchConfig
+    from cnnlab.cuda.context import CudaContext, DeviceImages
 
     chosen = {"chunk_images": options.chunk_images, "streams": options.streams}
-    config = LaunchConfig(**{key: value for key, value in chosen.items() if value is not None})
+    config = ladder.LaunchConfig(**{key: value for key, value in chosen.items() if value is not None})
     host_bytes = IMAGE_BYTES + config.segments * OUT_LAYER_SIZE * 8  # images in, partials out
     model = {"flops_per_image": FLOPS_PER_IMAGE}
     if "lab" in options.rows:
@@ -95,7 +164,7 @@ def bench_cuda(cnn: Cnn, options: BenchOptions, rng: np.random.Generator, report
                 Figure("resident", "cuda, images resident on the device", rate, "d2d", bytes_per_image=bytes_per_image, **model)
             )
         if "bounds" in options.rows:
-            rates = context.copy_rates(host, resident, options.repeats)
+            rates = copy_rates(context, host, resident, options.repeats)
             report.figures += [
                 Figure(
                     "bounds",
@@ -159,16 +228,16 @@ def bench_kernels(cnn: Cnn, options: BenchOptions, rng: np.random.Generator, rep
     """The ladder: every rung's kernels over images resident on the device, timed with CUDA events, its
     outputs checked against the CPU's; rung 5 at every block-size pair of its sweep; the device-to-device
     bound measured on the same images. Raises CnnlabError without a usable GPU."""
-    from cnnlab.cuda import CudaContext, DeviceImages, LaunchConfig, device_errors
+    from cnnlab.cuda.context import CudaContext, DeviceImages
 
     images = random_values(rng, options.images, INPUT_DIM, INPUT_DIM)
     with CpuBackend(cnn) as cpu:
         want = cpu.compute(ImageBatch(images[: options.check_images])).values
     # One-image lanes: the context's own lanes are not used here, only its device, modules and memory.
-    with CudaContext(cnn, batch_size=1, config=LaunchConfig(streams=1, chunk_images=1)) as context:
+    with CudaContext(cnn, batch_size=1, config=ladder.LaunchConfig(streams=1, chunk_images=1)) as context:
         report.device, report.fp64_peak = context.device, fp64_peak(context.setup)
         resident = context.upload(ImageBatch(images))
-        d2d = context.device_copy_rate(resident, options.repeats)
+        d2d = device_copy_rate(context, resident, options.repeats)
         # The ladder's own bound, measured as its rungs read (each image once), under a key of its own: the bounds row's
         # copy of one large buffer is another measurement, and the rungs and peers are shares of this one.
         report.figures.append(
@@ -183,11 +252,11 @@ def bench_kernels(cnn: Cnn, options: BenchOptions, rng: np.random.Generator, rep
             try:
                 if rung.name == "block_sweep":
                     timings = {}
-                    for bands, threads in itertools.product(ladder.SWEEP_BANDS, ladder.SWEEP_THREADS):
+                    for bands, threads in itertools.product(SWEEP_BANDS, SWEEP_THREADS):
                         try:  # a pair this GPU cannot run (too little shared memory for 1,024 threads' tree) is left out
                             with device_errors(f"cannot load kernel {rung.name}"):
-                                launcher = ladder.block_sweep(context.setup, bands, threads)
-                            timings[bands, threads] = context.time_kernels(launcher, part, options.repeats)
+                                launcher = block_sweep(context.setup, bands, threads)
+                            timings[bands, threads] = time_kernels(context, launcher, part, options.repeats)
                         except CnnlabError as error:
                             report.notes.append(f"block sweep {bands}x{threads} not run: {error}")
                     (bands, threads), timing = max(timings.items(), key=lambda item: item[1].images_per_second)
@@ -197,78 +266,9 @@ def bench_kernels(cnn: Cnn, options: BenchOptions, rng: np.random.Generator, rep
                 else:
                     with device_errors(f"cannot load kernel {rung.name}"):
                         launcher = ladder.launcher(rung.name, context.setup, context.config)
-                    timing, name = context.time_kernels(launcher, part, options.repeats), f"{rung.number} {rung.name}"
+                    timing, name = time_kernels(context, launcher, part, options.repeats), f"{rung.number} {rung.name}"
             except CnnlabError as error:
                 report.notes.append(f"rung {rung.number} {rung.name} not run: {error}")
                 continue
             report.figures.append(_kernel_figure(rung, name, timing, want))
         context.free(resident)
-
-
-def bench_peers(options: BenchOptions, seed: int | None) -> tuple[list[Figure], list[str]]:
-    """The peers (cnnlab/peers.py), a subprocess per framework on as many images as the ladder; figures
-    for those that ran, and a note for each that did not, saying why."""
-    figures, notes = [], []
-    environment = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
-    for framework in FRAMEWORKS:
-        command = [sys.executable, "-m", "cnnlab.peers", framework, "--images", str(options.images), "--repeats", str(options.repeats)]
-        try:
-            done = subprocess.run(
-                command + ([] if seed is None else ["--seed", str(seed)]),
-                capture_output=True, text=True, timeout=PEER_SECONDS, env=environment,
-            )
-        except subprocess.TimeoutExpired:
-            notes.append(f"peer {framework} not run: it took more than {PEER_SECONDS} s")
-            continue
-        results = [PeerResult(**json.loads(line)) for line in done.stdout.splitlines() if line.startswith("{")]
-        if done.returncode != 0 or not results:
-            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            notes.append(f"peer {framework} not run: exit status {done.returncode}: {last[:200]}")
-        for result in results:
-            if result.skipped is not None or result.images_per_second is None:
-                notes.append(f"peer {result.name} not run: {result.skipped}")
-            else:
-                spread = (result.slowest, result.fastest) if result.slowest and result.fastest else None
-                figures.append(Figure(
-                    "peers", f"peer: {result.name}", result.images_per_second, LADDER_BOUND, flops_per_image=FLOPS_PER_IMAGE,
-                    spread=spread, check=result.check,
-                ))
-    return figures, notes
-
-
-def run_bench(options: BenchOptions, seed: int | None = None) -> BenchReport:
-    """Measure the chosen rows; the report holds every figure, with notes on rows that did not run."""
-    rng = np.random.default_rng(seed)
-    cnn = _random_cnn(rng)
-    report = BenchReport(options)
-    # Each part that runs: the rows it measures, what it returns, and the errors that only leave a note.
-    parts: list[tuple[str, Callable[[], list[Figure] | None], tuple[type[BaseException], ...]]] = []
-    if "cpu" in options.rows:
-        parts.append(("cpu", lambda: [bench_cpu(cnn, options, rng)], ()))
-    if "reader" in options.rows:
-        parts.append(("reader", lambda: bench_reader(options, seed), ()))
-    if "csv" in options.rows:
-        parts.append(("csv", lambda: bench_csv(cnn, options, seed), (CnnlabError,)))
-    if set(GPU_ROWS) & set(options.rows) or options.sweep:
-        parts.append(("cuda", lambda: bench_cuda(cnn, options, rng, report), (CnnlabError,)))
-    if "kernels" in options.rows:
-        parts.append(("kernels", lambda: bench_kernels(cnn, options, rng, report), (CnnlabError,)))
-    if "peers" in options.rows:
-
-        def measure_peers() -> list[Figure]:
-            figures, notes = bench_peers(options, seed)
-            report.notes.extend(notes)
-            return figures
-
-        parts.append(("peers", measure_peers, ()))
-    progress = Progress("cnnlab bench", len(parts), "parts")
-    try:
-        for done, (name, measure, noted) in enumerate(parts, start=1):
-            try:
-                report.figures += measure() or []
-            except noted as error:
-                report.notes.append(f"{name} rows not run: {error}")
-            progress.update(done)
-    finally:
-        progress.finish()
-    return report

@@ -1,5 +1,5 @@
 """The build step (`python build.py`, and setup.py before a wheel): every kernel source and every ladder variant
-compiled by nvcc (cnnlab.nvcc) to its fatbin, where missing or stale, one nvcc per core."""
+compiled by nvcc (cnnlab.cuda.nvcc) to its fatbin, where missing or stale, one nvcc per core."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from cnnlab import nvcc  # through the module: a test that points nvcc.kernel_source elsewhere points it here too
+from cnnlab.cuda import nvcc  # through the module: a test that points nvcc.kernel_source elsewhere points it here too
+from cnnlab.cuda.ladder import every_build
 from cnnlab.errors import CnnlabError
-from cnnlab.ladder import every_build
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,11 +1,11 @@
-"""nvcc: a kernel source compiled to a fatbin beside it, rebuilt only when stale (cnnlab.buildstep builds them all).
+"""nvcc: a kernel source compiled to a fatbin beside it, rebuilt only when stale (cnnlab.cuda.buildstep builds them all).
 
 A fatbin holds machine code for the common architectures (Turing to Hopper), so the driver loads
 it at once instead of compiling PTX at every start (a JIT that cost a large part of cuda mode's
 start-up), and compute_75 PTX as the fallback for any newer GPU, which the driver compiles once and
 keeps in its cache. `build_ptx` gives the PTX alone, for reading what the compiler made of the sizes.
 
-The optimization ladder's kernels (kernel/ladder/, cnnlab/ladder.py) are built the same way, one
+The optimization ladder's kernels (kernel/ladder/, ladder.py and launchers.py) are built the same way, one
 fatbin per `Build`: a source and the -D sizes of its own, added to the network's.
 """
 
@@ -18,8 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cnnlab.cuda.kernels import nvcc_defines
 from cnnlab.errors import DeviceError
-from cnnlab.kernels import nvcc_defines
 from cnnlab.resources import is_checkout, resource_dir
 
 DEFAULT_ARCH = "compute_75"  # the oldest architecture CUDA 13 supports: its PTX runs on any GPU CUDA 13 does
@@ -31,9 +31,9 @@ PACKAGE_BUILD_HINT = (
     "this package was built where nvcc was not: put nvcc (the CUDA toolkit's compiler) on the PATH, or install a wheel built where it is"
 )
 # The Python files and headers that define what the kernels are built with: a change there is a change of the kernels.
-INPUTS = (Path(__file__).with_name("network.py"), Path(__file__).with_name("kernels.py"))
-# A ladder kernel also takes sizes from ladder.py, and may include any source of kernel/ or kernel/ladder/.
-LADDER_INPUTS = (Path(__file__).with_name("ladder.py"),)
+INPUTS = (Path(__file__).parents[1] / "network.py", Path(__file__).with_name("kernels.py"))
+# A ladder kernel also takes sizes from launchers.py, and may include any source of kernel/ or kernel/ladder/.
+LADDER_INPUTS = (Path(__file__).with_name("launchers.py"),)
 
 
 @dataclass(frozen=True)

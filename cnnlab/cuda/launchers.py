@@ -1,32 +1,26 @@
-"""The optimization ladder (issue 15): the network's kernels from the lab's scheme to the hardware's
-limit, one named rung per technique, each runnable end to end (`cnnlab cuda --kernel NAME`),
-validated and measured (`cnnlab bench --rows kernels`).
+"""The optimization ladder's launchers: each rung's sizes, defined here once and passed to nvcc as -D flags,
+its builds, and one small launcher per rung, all behind one interface (Launcher), so that a lane runs
+any rung as it runs the default. `DeviceSetup` is what they need of the context.
 
-Each rung is a kernel source in kernel/ladder/ (rung 6 is kernel/kernel.cu, the default design)
-that opens with what it changes from the rung below, how its threads map to the data and its
-napkin math; here each has its sizes, defined once and passed to nvcc as -D flags, its traffic
-model and one small launcher. Every launcher has the same interface: it writes
-partials[segments][stride][10] that the host adds up (or sum_segments on the device, for the API's
-out=), exactly as the default design does, so CudaContext runs any rung through the same lanes
-(`LaunchConfig.kernel`).
+cnnlab/cuda/ladder.py lists the rungs, with what each teaches and how exact it is; the kernels are
+in kernel/ladder/ (rung 6 is kernel/kernel.cu, the default design).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from cnnlab.cuda.kernels import BLOCKS_PER_SM, CONV_BANDS_PER_BLOCK, Conv2dRelu, FlattenedToDense
+from cnnlab.cuda.nvcc import Build, ensure_fatbin
 from cnnlab.errors import DeviceError
-from cnnlab.kernels import BLOCKS_PER_SM, CONV_BANDS_PER_BLOCK, DENSE_MAX_THREADS, Conv2dRelu, FlattenedToDense
 from cnnlab.network import CONV_OUT_DIM, FILTER_DIM, IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM, Cnn
-from cnnlab.nvcc import Build, ensure_fatbin
 
 if TYPE_CHECKING:
-    from cnnlab.lanes import Allocator, Launcher
+    from cnnlab.cuda.memory import Allocator
 
 # The rungs' own sizes, passed to nvcc by the build step (each source #errors without them).
 LAB_CONV_BLOCKS, LAB_THREADS, LAB_SEGMENTS = 32, 1024, 4  # rung 1: the report's 32 x 1024 conv launch
@@ -44,15 +38,6 @@ FT_TILE_IMAGES, FT_STAGES = 8, 2
 MMA_IMAGES, MMA_THREADS = 32, 256  # rung 10's dense_mma: images per block, 8 warps
 BAND_DOUBLES = FILTER_DIM * INPUT_DIM
 MAP_SIZE = CONV_OUT_DIM * CONV_OUT_DIM  # patches per image
-DEFAULT_KERNEL = "warp_shuffle"  # the design card's conv2d_relu + flattened_to_dense
-
-# Device memory each design must move per image: the image read, the activations written and read
-# back where conv and dense are two kernels, the partials written (the weights stay in L2).
-ROUND_TRIP_BYTES = 2 * OUT_NEURON_DIM * 8
-
-
-def _traffic(segments: int, round_trip: bool = True) -> int:
-    return IMAGE_BYTES + (ROUND_TRIP_BYTES if round_trip else 0) + segments * OUT_LAYER_SIZE * 8
 
 
 def conflict_free_stride(tile_images: int) -> int:
@@ -97,6 +82,16 @@ FUSED_TILED_FMA_BUILD = Build("ladder/11_fused_tiled_fma.cu", fused_tiled_sizes(
 def sweep_build(bands: int) -> Build:
     """Rung 5's source built with `bands` bands per conv2d_relu block."""
     return Build("ladder/05_block_sweep.cu", {"CONV_BANDS_PER_BLOCK": bands}, f"bands{bands}")
+
+
+class Launcher(Protocol):
+    """A rung's launches for one chunk: images at device address `images`, partials[segments][stride][10] out."""
+
+    segments: int
+    needs_conv_out: bool  # whether the lane must hold the chunk's 4,000 activations an image
+    checks_finite: bool  # whether it sets the setup's nonfinite flag where an image value is a NaN or an infinity
+
+    def __call__(self, stream: Any, images: int, conv_out: Any, partials: Any, count: int, stride: int) -> None: ...
 
 
 class DeviceSetup:
@@ -236,15 +231,17 @@ def block_sweep(setup: DeviceSetup, bands: int = BLOCK_SWEEP_BEST[0], threads: i
 
 
 class WarpShuffle:
-    """Rung 6, the default: the design card's conv2d_relu + flattened_to_dense, sized by the LaunchConfig."""
+    """Rung 6, the default: the design card's conv2d_relu + flattened_to_dense, at the sizes of a LaunchConfig."""
 
     needs_conv_out = checks_finite = True
 
-    def __init__(self, setup: DeviceSetup, config: LaunchConfig) -> None:
+    def __init__(
+        self, setup: DeviceSetup, segments: int, dense_threads: int, conv_blocks: int | None = None, dense_blocks: int | None = None
+    ) -> None:
         module = setup.module(KERNEL_BUILD)
-        self._conv = Conv2dRelu(module, setup.sm_count, config.conv_blocks)
-        self.segments = config.segments
-        self._dense = FlattenedToDense(module, setup.sm_count, config.segments, config.dense_threads, config.dense_blocks)
+        self._conv = Conv2dRelu(module, setup.sm_count, conv_blocks)
+        self.segments = segments
+        self._dense = FlattenedToDense(module, setup.sm_count, segments, dense_threads, dense_blocks)
         self._weights, self._nonfinite = setup.weights, setup.nonfinite
 
     def __call__(self, stream: Any, images: int, conv_out: Any, partials: Any, count: int, stride: int) -> None:
@@ -298,98 +295,3 @@ class Im2colMma:
         self._conv.prepared_async_call((conv_blocks, 1), block, stream, images, conv_out, n)
         dense_blocks = _grid(math.ceil(count / MMA_IMAGES), self._blocks)
         self._dense.prepared_async_call((dense_blocks, 1), block, stream, conv_out, self._weights, partials, n)
-
-
-# Exactness classes, checked by tests/test_ladder.py.
-BIT_EXACT = "bit-exact"  # every output the CPU's, bit for bit
-CONV_EXACT = "conv bit-exact"  # the ReLU outputs the CPU's; the dense sums in another order, within the lab's rule
-WITHIN_RULE = "within the rule"  # neither layer in the CPU's order; outputs within the lab's rule
-
-
-@dataclass(frozen=True)
-class Rung:
-    """One rung: its name for --kernel, where its code is, what it teaches, how exact it is, its traffic model, its launcher."""
-
-    number: int
-    name: str
-    source: str  # under kernel/
-    teaches: str
-    exactness: str
-    device_bytes: int  # device memory moved per image by its design
-    make: Callable[[DeviceSetup, LaunchConfig], Launcher]
-    builds: tuple[Build, ...]  # what the build step compiles for it
-    min_capability: tuple[int, int] = (7, 5)
-    max_bench_images: int | None = None  # the bench's image count, where the rung is too slow for the default
-
-    @property
-    def conv_exact(self) -> bool:
-        return self.exactness in (BIT_EXACT, CONV_EXACT)
-
-
-RUNGS = (
-    Rung(1, "lab", LAB_BUILD.source, "the lab's scheme: one image per launch, a shared-memory tree, host sum", CONV_EXACT,
-         _traffic(LAB_SEGMENTS), lambda setup, config: Lab(setup), (LAB_BUILD,), max_bench_images=2000),
-    Rung(2, "batched_global", GLOBAL_BUILD.source, "a batch per launch, a thread per output, all from global memory", BIT_EXACT,
-         _traffic(1), lambda setup, config: BatchedGlobal(setup, constant_filters=False), (GLOBAL_BUILD,), max_bench_images=16384),
-    Rung(3, "constant_filters", CONSTANT_BUILD.source, "the filters in constant memory", BIT_EXACT,
-         _traffic(1), lambda setup, config: BatchedGlobal(setup, constant_filters=True), (CONSTANT_BUILD,), max_bench_images=16384),
-    Rung(4, "shared_tiles", TREE_BUILD.source, "coalesced shared-memory tiles (conv), a reduction tree (dense)", CONV_EXACT,
-         _traffic(TREE_SEGMENTS), lambda setup, config: shared_tiles(setup), (TREE_BUILD,)),
-    Rung(5, "block_sweep", "ladder/05_block_sweep.cu", "rung 4 at the block sizes a sweep finds fastest", CONV_EXACT,
-         _traffic(TREE_SEGMENTS), lambda setup, config: block_sweep(setup), tuple(sweep_build(bands) for bands in SWEEP_BANDS)),
-    Rung(6, "warp_shuffle", KERNEL_BUILD.source, "warp shuffles for the reduction, 16-byte loads (the default)", CONV_EXACT,
-         _traffic(4), WarpShuffle, ()),
-    Rung(7, "coarsened", COARSE_BUILD.source, "thread coarsening: each weight load serves 4 images", CONV_EXACT,
-         _traffic(COARSE_SEGMENTS), lambda setup, config: ConvThenDense(
-             setup, KERNEL_BUILD, CONV_BANDS_PER_BLOCK, COARSE_BUILD, "dense_coarsened", COARSE_THREADS, COARSE_SEGMENTS,
-             images_per_block=COARSE_IMAGES), (COARSE_BUILD,)),
-    Rung(8, "fused", FUSED_BUILD.source, "conv and dense fused, the activations in shared memory", CONV_EXACT,
-         _traffic(1, round_trip=False), lambda setup, config: fused(setup), (FUSED_BUILD,)),
-    Rung(9, "fused_tiled", FUSED_TILED_BUILD.source, "fused and tiled over images, weights and images streamed by cp.async",
-         CONV_EXACT, _traffic(1, round_trip=False), lambda setup, config: fused_tiled(setup), (FUSED_TILED_BUILD,)),
-    Rung(10, "im2col_mma", MMA_BUILD.source, "im2col + GEMM on the FP64 tensor cores (mma.sync m8n8k4)", WITHIN_RULE,
-         _traffic(1), lambda setup, config: Im2colMma(setup), (MMA_BUILD,), min_capability=(8, 0)),
-    Rung(11, "fused_tiled_fma", FUSED_TILED_FMA_BUILD.source, "rung 9 with FMAs in the conv: the price of bit-exactness",
-         WITHIN_RULE, _traffic(1, round_trip=False), lambda setup, config: fused_tiled(setup, FUSED_TILED_FMA_BUILD),
-         (FUSED_TILED_FMA_BUILD,)),
-)
-BY_NAME = {rung.name: rung for rung in RUNGS}
-
-
-@dataclass(frozen=True)
-class LaunchConfig:
-    """How the work is spread: the rung of the ladder that runs, lanes (streams), images per chunk, and for
-    the default rung its segments and thread-block counts."""
-
-    kernel: str = DEFAULT_KERNEL
-    streams: int = 3
-    chunk_images: int | None = None  # None: the batch dealt evenly over the lanes, so one batch already overlaps
-    segments: int = 4  # partial sums per output: flattened_to_dense's gridDim.y
-    dense_threads: int = 256
-    conv_blocks: int | None = None  # None: sized to the device
-    dense_blocks: int | None = None
-    lane_bytes_cap: int | None = None  # the most device memory the lanes may take; None: what is free
-
-    def __post_init__(self) -> None:
-        if self.kernel not in BY_NAME:
-            raise ValueError(f"unknown kernel {self.kernel!r}; choose from {', '.join(BY_NAME)}")
-        if self.streams < 1 or (self.chunk_images is not None and self.chunk_images < 1):
-            raise ValueError(f"invalid launch configuration {self}")
-        if not 1 <= self.segments <= OUT_NEURON_DIM // 2:
-            raise ValueError(f"segments must be between 1 and {OUT_NEURON_DIM // 2}, not {self.segments}")
-        if self.dense_threads % 32 or not 32 <= self.dense_threads <= DENSE_MAX_THREADS:
-            raise ValueError(f"dense_threads must be a multiple of 32 up to {DENSE_MAX_THREADS}")
-
-
-def every_build() -> list[Build]:
-    """Every ladder fatbin the build step makes."""
-    return [build for rung in RUNGS for build in rung.builds]
-
-
-def launcher(name: str, setup: DeviceSetup, config: LaunchConfig) -> Launcher:
-    """The launcher of rung `name`, or a one-line DeviceError where this GPU cannot run it."""
-    rung = BY_NAME[name]
-    if setup.capability < rung.min_capability:
-        need = ".".join(map(str, rung.min_capability))
-        raise DeviceError(f"kernel {name} needs compute capability {need} or newer; this GPU has {'.'.join(map(str, setup.capability))}")
-    return rung.make(setup, config)

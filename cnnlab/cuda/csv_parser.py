@@ -108,7 +108,7 @@ class CsvParser:
         driver.memcpy_dtoh(layout, module.get_global("csv_layout")[0])
         expected = [STATUS_DTYPE.itemsize, HOST_SLOTS, WIDTH, TILE_BYTES, SPAN_BYTES, SEG_BYTES]
         if layout.tolist() != expected:
-            raise ValueError(f"csv.cu's layout {layout.tolist()} is not csv_gpu.py's {expected}: rebuild the module")
+            raise ValueError(f"csv.cu's layout {layout.tolist()} is not csv_parser.py's {expected}: rebuild the module")
         self.max_block_bytes, self.max_rows = max_block_bytes, max_rows
         base = int(scratch)
         self._values = base

@@ -16,9 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from cnnlab.csvtext import READ_BYTES, Span, TextMemory, TextSource, native, warn_if_slow
 from cnnlab.errors import InputFileError
-from cnnlab.filesafety import AtomicOutput, open_for_reading
+from cnnlab.files.lines import Span, native, warn_if_slow
+from cnnlab.files.safety import AtomicOutput, open_for_reading
+from cnnlab.files.text import READ_BYTES, TextMemory, TextSource
 from cnnlab.network import (
     CONV_LAYER_SIZE,
     FILTER_DIM,

@@ -1,116 +1,38 @@
-"""What CudaContext schedules with: the memory allocator, the lanes, the sources a chunk's images
-come from (a host batch, images already on the device, or CSV text parsed on the device), and where
-a chunk's outputs go (added up on the host, or on the device into a caller's array).
+"""The lanes and the schedule over them: what CudaContext computes with.
 
-A source is asked twice per chunk: `start(lane, index)` queues whatever brings the chunk's images to
-the lane (copies, the parse), for every lane of a round before the first kernel is launched, so the
-copies of one lane overlap the kernels of another; `images(lane, index)` then returns their device
-address, once they are known to be right. Outputs are asked once per chunk, `take(lane, index,
-count)`, once the chunk's kernels are queued, and once at the end, `finish(lanes)`.
+A lane is a stream with the device buffers of one chunk. `Lanes.schedule` deals a call's chunks to
+the lanes round-robin, a round of one chunk per lane at a time, so that the copy in of one chunk
+overlaps the kernels of another and the copy out of a third.
+
+Where a chunk's images come from is its source: a host batch, images already on the device, or CSV
+text parsed on the device. A source is asked twice per chunk: `start(lane, index)` queues whatever
+brings the chunk's images to the lane (copies, the parse), for every lane of a round before the first
+kernel is launched; `images(lane, index)` then returns their device address, once they are known to
+be right. Where a chunk's outputs go is its sink (added up on the host, or on the device into a
+caller's array): asked once per chunk, `take(lane, index, count)`, once the chunk's kernels are
+queued, and once at the end, `finish(lanes)`.
 """
 
 from __future__ import annotations
 
-import ctypes
 import math
-import mmap
-import threading
 from typing import Any, Protocol
 
 import numpy as np
 
-from cnnlab.csv_gpu import STATUS_DTYPE, CsvParser, host_values, read_status, scratch_bytes
-from cnnlab.kernels import SumSegments
-from cnnlab.network import IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM
-
-# Page-locked buffers from this size on ask for huge pages (2 MB): fewer pages to fault in and to register.
-HUGE_PAGES_FROM = 4 << 20
-
-
-class Allocator:
-    """Device and page-locked host memory: alloc, free, and free_all for whatever is still out.
-
-    The reader's thread allocates page-locked text windows while the main thread frees: a lock keeps the lists whole.
-    """
-
-    def __init__(self, driver: Any) -> None:
-        self._driver = driver
-        self._lock = threading.Lock()
-        self._device: list[Any] = []
-        self._host: list[np.ndarray] = []
-
-    def device(self, nbytes: int) -> Any:
-        allocation = self._driver.mem_alloc(nbytes)
-        with self._lock:
-            self._device.append(allocation)
-        return allocation
-
-    def host(self, shape: tuple[int, ...] | int, dtype: Any = np.float64) -> np.ndarray:
-        """Page-locked host memory: pages of its own (an anonymous mapping, so that no other object shares a page
-        with it), huge where the kernel gives them, registered with the driver (cuMemHostRegister). On the H100
-        machine that made 64 MB in 10-13 ms, against 34 ms for the driver's own (cuMemHostAlloc, PyCUDA's
-        pagelocked_empty): a run's text windows are made while it reads. PyCUDA's register_host_memory refuses
-        numpy 2's arrays, hence the driver's call through ctypes."""
-        dtype = np.dtype(dtype)
-        nbytes = math.prod(shape if isinstance(shape, tuple) else (shape,)) * dtype.itemsize
-        pages = mmap.mmap(-1, max(nbytes, 1))
-        if nbytes >= HUGE_PAGES_FROM and hasattr(mmap, "MADV_HUGEPAGE"):
-            try:
-                pages.madvise(mmap.MADV_HUGEPAGE)
-            except OSError:  # no transparent huge pages here: ordinary ones
-                pass
-        buffer = np.frombuffer(pages, np.uint8, nbytes).view(dtype).reshape(shape)
-        if nbytes:
-            self._call("cuMemHostRegister_v2", ctypes.c_void_p(buffer.ctypes.data), ctypes.c_size_t(nbytes), ctypes.c_uint(0))
-        with self._lock:
-            self._host.append(buffer)
-        return buffer
-
-    def free(self, allocation: Any) -> None:
-        """Give back a device allocation or a page-locked buffer made here."""
-        with self._lock:
-            if isinstance(allocation, np.ndarray):
-                self._host = [buffer for buffer in self._host if buffer is not allocation]
-            else:
-                self._device = [held for held in self._device if held is not allocation]
-        if not isinstance(allocation, np.ndarray):
-            allocation.free()
-        elif allocation.nbytes:  # the pages are unmapped once the last array on them is gone
-            self._call("cuMemHostUnregister", ctypes.c_void_p(allocation.ctypes.data))
-
-    def _call(self, name: str, *args: Any) -> None:
-        """A driver call through ctypes (the GIL released), its error raised as PyCUDA raises the driver's errors."""
-        cuda = ctypes.CDLL("libcuda.so.1")
-        result = getattr(cuda, name)(*args)
-        if result:
-            text = ctypes.c_char_p()
-            cuda.cuGetErrorString(result, ctypes.byref(text))
-            raise self._driver.Error(f"{name} failed: {(text.value or b'error %d' % result).decode()}")
-
-    def is_page_locked(self, array: np.ndarray) -> bool:
-        start = array.ctypes.data
-        with self._lock:
-            return any(buffer.ctypes.data <= start < buffer.ctypes.data + buffer.nbytes for buffer in self._host)
-
-    def free_all(self) -> None:
-        for allocation in [*self._device, *self._host]:
-            self.free(allocation)
+from cnnlab.cuda.csv_parser import STATUS_DTYPE, CsvParser, host_values, read_status, scratch_bytes
+from cnnlab.cuda.driver import device_errors
+from cnnlab.cuda.kernels import FindNonFinite, SumSegments
+from cnnlab.cuda.launchers import Launcher
+from cnnlab.cuda.memory import Allocator
+from cnnlab.errors import DeviceError
+from cnnlab.network import IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM, OutputBatch, nonfinite_error
 
 
 def lane_bytes(chunk: int, launcher: Launcher) -> int:
     """Device memory one lane takes: its images, the activations where the kernels pass them on, its partials."""
     per_image = IMAGE_BYTES + (OUT_NEURON_DIM * 8 if launcher.needs_conv_out else 0) + launcher.segments * OUT_LAYER_SIZE * 8
     return chunk * per_image
-
-
-class Launcher(Protocol):
-    """A rung's launches for one chunk: images at device address `images`, partials[segments][stride][10] out."""
-
-    segments: int
-    needs_conv_out: bool  # whether the lane must hold the chunk's 4,000 activations an image
-    checks_finite: bool  # whether it sets the setup's nonfinite flag where an image value is a NaN or an infinity
-
-    def __call__(self, stream: Any, images: int, conv_out: Any, partials: Any, count: int, stride: int) -> None: ...
 
 
 class Lane:
@@ -289,3 +211,91 @@ class DeviceOutputs:
     def finish(self, lanes: list[Lane]) -> None:
         for lane in lanes:
             lane.stream.synchronize()
+
+
+class Lanes:
+    """A context's lanes and the schedule over them: each call's chunks through the lanes, round-robin."""
+
+    def __init__(
+        self, driver: Any, memory: Allocator, launcher: Launcher, streams: int, chunk: int, cap: int | None,
+        nonfinite: Any, find_nonfinite: FindNonFinite,
+    ) -> None:
+        """`streams` lanes of `chunk` images, the chunk halved until their device buffers fit (or fit under `cap` bytes);
+        `nonfinite`: the device flag the kernels set where an image value is a NaN or an infinity."""
+        self._driver, self._memory, self._launcher = driver, memory, launcher
+        self._nonfinite, self._find_nonfinite = nonfinite, find_nonfinite
+        self._host_partials: np.ndarray | None = None  # page-locked (chunks, segments, chunk, 10), grown as needed
+        self._chunk_done: list[Any] = []  # an event per chunk: its partials are on the host
+        self.lanes: list[Lane] = []
+        self.chunk = chunk
+        while True:
+            try:
+                if cap is not None and streams * lane_bytes(self.chunk, launcher) > cap:
+                    raise DeviceError(f"{streams} lanes of {self.chunk} images need more than {cap} bytes")
+                with device_errors("cannot allocate device buffers"):
+                    for _ in range(streams):
+                        self.lanes.append(Lane(driver, memory, self.chunk, launcher))
+                return
+            except DeviceError:
+                self.free()
+                if self.chunk == 1:
+                    raise
+                self.chunk //= 2
+
+    def __len__(self) -> int:
+        return len(self.lanes)
+
+    def run(self, count: int, source: ChunkSource, chunk: int | None = None, check_finite: bool = False) -> OutputBatch:
+        """The outputs of `count` images from `source`, added up on the host as each chunk's partials arrive."""
+        chunk = chunk or self.chunk
+        outputs = HostOutputs(self._partials_for(math.ceil(count / chunk)), self._chunk_done, count, chunk)
+        self.schedule(count, source, chunk, outputs, check_finite)
+        return OutputBatch(outputs.values[:count])
+
+    def schedule(self, count: int, source: ChunkSource, chunk: int, outputs: OutputSink, check_finite: bool) -> None:
+        """Every chunk (of `chunk` images, at most the lanes' size) through a lane, a round of one chunk
+        per lane at a time: first every lane's images are brought in, then each lane's kernels are
+        queued and `outputs` takes its partials. `check_finite`: raise ArrayError if any image value
+        was a NaN or an infinity (found by conv2d_relu as it loads them, or, for a rung whose kernels make
+        no such check, by find_nonfinite before them)."""
+        lanes = len(self.lanes)
+        chunks = math.ceil(count / chunk)
+        flag = np.zeros(1, np.int32)
+        separate_check = check_finite and not self._launcher.checks_finite
+        with device_errors("CUDA error while computing"):
+            if check_finite:
+                self._driver.memset_d32(self._nonfinite, 0, 1)
+            for first in range(0, chunks, lanes):
+                round_ = range(first, min(first + lanes, chunks))
+                for index in round_:
+                    source.start(self.lanes[index % lanes], index)
+                for index in round_:
+                    lane = self.lanes[index % lanes]
+                    images, address = min(chunk, count - index * chunk), source.images(lane, index)
+                    if separate_check:
+                        self._find_nonfinite(lane.stream, address, images, self._nonfinite)
+                    lane.run(self._launcher, address, images)
+                    outputs.take(lane, index, images)
+            outputs.finish(self.lanes)
+            if check_finite:
+                self._driver.memcpy_dtoh(flag, self._nonfinite)
+        if flag[0]:
+            raise nonfinite_error("images")
+
+    def _partials_for(self, chunks: int) -> np.ndarray:
+        """Page-locked room for the partials of `chunks` chunks, and an event for each; grown as needed."""
+        if self._host_partials is None or len(self._host_partials) < chunks:
+            with device_errors("cannot allocate page-locked host memory"):
+                if self._host_partials is not None:
+                    self._memory.free(self._host_partials)
+                    self._host_partials = None
+                self._host_partials = self._memory.host((chunks, self._launcher.segments, self.chunk, OUT_LAYER_SIZE))
+                no_timing = self._driver.event_flags.DISABLE_TIMING
+                self._chunk_done += [self._driver.Event(no_timing) for _ in range(chunks - len(self._chunk_done))]
+        return self._host_partials
+
+    def free(self) -> None:
+        """Give back every lane's buffers (the partials' page-locked room goes with the allocator's free_all)."""
+        for lane in self.lanes:
+            lane.free()
+        self.lanes = []

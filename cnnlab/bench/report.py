@@ -1,6 +1,6 @@
 """What `cnnlab bench` measures, as types: a Figure per row with its traffic model, the options, the
-report; and how a report is shown: the table, the JSON, the plot. The measurements are bench.py's
-(the network's rows) and benchtext.py's (the rows that read CSV text).
+report; and how a report is shown: the table, the JSON, the plot. The measurements are rows.py's,
+gpu.py's and text.py's (the rows that read CSV text).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from cnnlab.errors import UsageError
-from cnnlab.filesafety import AtomicOutput
+from cnnlab.files.safety import AtomicOutput
 from cnnlab.resources import install_command
 
 ROWS = ("cpu", "reader", "csv", "lab", "pinned", "resident", "bounds", "kernels", "peers")

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from cnnlab.benchreport import BenchOptions, Figure, median_rate
-from cnnlab.labcsv import CsvImageReader
+from cnnlab.bench.report import BenchOptions, Figure, median_rate
+from cnnlab.files.labcsv import CsvImageReader
 from cnnlab.network import INPUT_DIM, Cnn
 
 
@@ -69,7 +69,7 @@ def bench_csv(cnn: Cnn, options: BenchOptions, seed: int | None) -> list[Figure]
     the read-compute-write loop, all freed; the command line's loop figure leaves out the windows), in images/s
     and GB/s of text: parsed on the GPU and parsed on the host, against the two bounds of the GPU
     path measured in the same run: reading the file into page-locked memory, and copying it to the device."""
-    from cnnlab.cuda import CudaContext
+    from cnnlab.cuda.context import CudaContext
     from cnnlab.generate import generate
     from cnnlab.run import run_network
 
@@ -95,12 +95,13 @@ def bench_csv(cnn: Cnn, options: BenchOptions, seed: int | None) -> list[Figure]
 
 def _text_bounds(context: Any, path: os.PathLike, threads: int, repeats: int) -> tuple[float, float]:
     """Bytes/s of reading the file into page-locked memory as the GPU path reads it, and of copying it to the device."""
-    from cnnlab.csvtext import read_at
+    from cnnlab.bench.gpu import copy_rates
+    from cnnlab.files.text import read_at
 
     size = os.path.getsize(path)
     pinned = context.allocate_text(size)
     with open(path, "rb") as file, ThreadPoolExecutor(threads) as pool:
         read_rate = median_rate(size, partial(read_at, file.fileno(), memoryview(pinned), 0, pool, threads), repeats)
-    return read_rate, context.copy_rates(pinned, None, repeats).host_to_device
+    return read_rate, copy_rates(context, pinned, None, repeats).host_to_device
 
 

@@ -8,7 +8,7 @@ peers, each configured as its users would configure it:
 - that same function under `torch.compile(mode="max-autotune-no-cudagraphs")` ("compiled");
 - JAX `jit`, with x64 enabled, the conv as an einsum over the reshaped images.
 
-Run as `python -m cnnlab.peers FRAMEWORK --images N --repeats R [--seed S]`: one JSON object a line on
+Run as `python -m cnnlab.bench.peers FRAMEWORK --images N --repeats R [--seed S]`: one JSON object a line on
 stdout, a `PeerResult`. `cnnlab bench` runs each framework in a subprocess of its own, so that
 neither JAX's nor PyTorch's allocator and compiler share a process with PyCUDA or each other, and a
 framework that is missing or fails is a skipped row with its reason, not a failed bench.
@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from cnnlab.compare import rule_verdict
-from cnnlab.cpu import CpuBackend
+from cnnlab.cpu.backend import CpuBackend
 from cnnlab.generate import random_values
 from cnnlab.network import CONV_LAYER_SIZE, CONV_OUT_DIM, FILTER_DIM, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM, Cnn, ImageBatch
 
@@ -130,7 +130,7 @@ def jax_peers(images: np.ndarray, cnn: Cnn, want: np.ndarray, repeats: int) -> l
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cnnlab.peers", description="Time the network in one framework (JSON lines out).")
+    parser = argparse.ArgumentParser(prog="python -m cnnlab.bench.peers", description="Time the network in one framework (JSON lines out).")
     parser.add_argument("framework", choices=FRAMEWORKS)
     parser.add_argument("--images", type=int, default=65536)
     parser.add_argument("--repeats", type=int, default=5)

@@ -21,9 +21,9 @@ from typing import IO, Any
 
 import numpy as np
 
-from cnnlab.csvtext import READ_BYTES, read_at, wait_readable
 from cnnlab.errors import InputFileError
-from cnnlab.filesafety import AtomicOutput, open_for_reading, reading
+from cnnlab.files.safety import AtomicOutput, open_for_reading, reading
+from cnnlab.files.text import READ_BYTES, read_at, wait_readable
 from cnnlab.network import IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OutputBatch, unsized_capacity
 
 DTYPE = np.dtype("<f8")

@@ -1,0 +1,8 @@
+"""`cnnlab bench`: how fast each path is, against the hardware's bounds and the peers, measured in one run.
+
+rows.py    which rows run, and the cpu row and the peers'
+gpu.py     the GPU rows and the ladder's, timed with CUDA events against the copy bounds
+text.py    the rows that read CSV text
+peers.py   the network in PyTorch and JAX, run in a subprocess each
+report.py  the report as types (a Figure per row), its tables, its JSON and its plot
+"""

@@ -1,0 +1,172 @@
+"""The command line's commands: what `cnnlab cpu|cuda|convert|generate|compare|bench` each do, once parsed.
+
+Each takes the parsed arguments and returns the exit status; a problem is raised as one of cnnlab's
+errors, which main.py turns into one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import TextIO
+
+from cnnlab import interrupts
+from cnnlab.cuda.ladder import DEFAULT_KERNEL
+from cnnlab.errors import STANDARD_STREAM, OutputFileError, UsageError, shown
+from cnnlab.files.formats import trailing_data_note
+from cnnlab.files.labcsv import read_cnn
+from cnnlab.files.safety import AtomicOutput, output_target, refuse_same_file, writing
+from cnnlab.network import Backend, Cnn
+from cnnlab.resources import resource_dir
+from cnnlab.run import run_network
+
+DEFAULT_OUTPUTS = {"cpu": Path("out/out.csv"), "cuda": Path("out/out_cuda.csv")}
+
+
+def make_backend(mode: str, cnn: Cnn, batch_size: int | None, host_parse: bool = False, kernel: str | None = None) -> Backend:
+    """The backend for `mode`; the CUDA one, running rung `kernel` of the ladder, is imported only when asked for."""
+    if mode == "cpu":
+        from cnnlab.cpu.backend import CpuBackend
+
+        return CpuBackend(cnn, batch_size)
+    from cnnlab.cuda.context import CudaContext
+    from cnnlab.cuda.ladder import LaunchConfig
+
+    return CudaContext(cnn, batch_size, LaunchConfig(kernel=kernel or DEFAULT_KERNEL), parse_csv=not host_parse)
+
+
+def warn_trailing(input_path: str | os.PathLike, images: int, line: int | None) -> None:
+    note = trailing_data_note(input_path, images, line)
+    if note is not None:
+        print(f"cnnlab: warning: {note}", file=sys.stderr)
+
+
+def run(args: argparse.Namespace) -> int:
+    files = args.files or [
+        resource_dir("data") / "cnn.csv",
+        resource_dir("data") / "in.csv",
+        DEFAULT_OUTPUTS[args.mode],
+    ]
+    if len(files) != 3:
+        raise UsageError(f"{args.mode} takes CNN_FILE INPUT_FILE OUTPUT_FILE, or no files for the default data")
+    cnn_path, input_path, output_path = files
+    refuse_same_file(output_path, {"input file": input_path, "CNN file": cnn_path})
+    output = output_target(output_path)  # a folder that cannot take the output is found before the run, not after it
+    if args.timing_json is not None:
+        timing = output_target(args.timing_json)
+        if output.descriptor is not None and timing.descriptor == output.descriptor:
+            raise UsageError(f"the output and --timing-json cannot both be written to descriptor {output.descriptor} (-)")
+        refuse_same_file(args.timing_json, {"input file": input_path, "CNN file": cnn_path, "output file": output_path})
+    cnn = read_cnn(cnn_path)
+    with make_backend(args.mode, cnn, args.batch, args.host_parse, args.kernel) as backend:
+        interrupts.raise_if_received()  # the backend's modules were imported just now
+        stats = run_network(backend, input_path, output_path, read_ahead=args.read_ahead)
+        device = backend.device
+    warn_trailing(input_path, stats.images, stats.trailing_data_line)
+    # With the outputs on standard output (`-`, /dev/stdout), the lab's line goes to stderr: the outputs stay a clean file.
+    say(f"{stats.work_microseconds} microseconds of actual work done", sys.stderr if output.descriptor == 1 else sys.stdout)
+    if args.timing_json is not None:
+        figures = {
+            "mode": args.mode,
+            "device": device,
+            "images": stats.images,
+            "batch_size": stats.batch_size,
+            "work_seconds": stats.work_seconds,
+            "work_microseconds": stats.work_microseconds,
+            "images_per_second": stats.images_per_second,
+            "loop_seconds": stats.loop_seconds,
+            "loop_images_per_second": stats.images / stats.loop_seconds,
+            "startup_seconds": stats.startup_seconds,
+        }
+        with AtomicOutput(args.timing_json) as out:
+            json.dump(figures, out, indent=2)
+            out.write("\n")
+    return 0
+
+
+def convert(args: argparse.Namespace) -> int:
+    from cnnlab.files.convert import convert
+
+    if args.input == STANDARD_STREAM:
+        raise UsageError("convert reads its input twice (first to see what it holds), so it cannot read standard input (-)")
+    refuse_same_file(args.output, {"input file": args.input})
+    result = convert(args.input, args.output)
+    warn_trailing(args.input, result.rows, result.trailing_data_line)
+    print(f"cnnlab: wrote {shown(args.output)} ({result.rows} {'images' if result.kind == 'input' else 'lines'})", file=sys.stderr)
+    return 0
+
+
+def generate(args: argparse.Namespace) -> int:
+    from cnnlab.generate import generate
+
+    cnn_path, input_path = generate(args.out_dir, args.images, args.seed)
+    print(f"cnnlab: wrote {cnn_path} and {input_path} ({args.images} images)", file=sys.stderr)
+    return 0
+
+
+def compare(args: argparse.Namespace) -> int:
+    from cnnlab.compare import compare_files
+
+    if args.file_a == args.file_b == STANDARD_STREAM:
+        raise UsageError("compare reads each file once: at most one of them can be standard input (-)")
+    result = compare_files(args.file_a, args.file_b, args.rel_tol, args.abs_tol)
+    if not result.matches:
+        print(f"cnnlab: {result.problem}", file=sys.stderr)
+        return 1
+    say(
+        f"Comparison finished: {result.lines} lines, {result.values} values close "
+        f"(largest difference {result.max_abs_diff:.3g} absolute, {result.max_rel_diff:.3g} relative)"
+    )
+    return 0
+
+
+def bench(args: argparse.Namespace) -> int:
+    from cnnlab.bench.report import BenchOptions, format_table, write_report
+    from cnnlab.bench.rows import run_bench
+
+    rows = tuple(args.rows.split(","))
+    unknown = set(rows) - set(BenchOptions.rows)
+    if unknown:
+        raise UsageError(f"unknown bench rows {', '.join(sorted(unknown))}; choose from {','.join(BenchOptions.rows)}")
+    if args.plot is not None and args.json is not None:
+        refuse_same_file(args.plot, {"--json file": args.json})
+    if args.plot:
+        from cnnlab.bench.report import import_pyplot
+
+        import_pyplot()  # before minutes of measuring: without matplotlib, one line saying how to install it
+    # The plot's batch-size sweep belongs to the batched rows; the ladder draws its own panel.
+    sweep = (1, 16, 256, 4096, args.images) if args.plot and {"pinned", "resident"} & set(rows) else ()
+    options = BenchOptions(
+        args.images,
+        args.cpu_images,
+        args.lab_images,
+        args.reader_images,
+        args.csv_images,
+        args.repeats,
+        rows,
+        sweep,
+        args.chunk_images,
+        args.streams,
+    )
+    report = run_bench(options, args.seed)
+    say(format_table(report))
+    write_report(report, args.json, args.plot)
+    return 0
+
+
+def say(text: str, stream: TextIO | None = None) -> None:
+    """Print a result line (to standard output unless told otherwise)."""
+    stream = stream or sys.stdout
+    if stream is None:  # the process was started with standard output closed (`>&-`)
+        raise OutputFileError("<stdout>: cannot write: standard output is closed")
+    with writing(STANDARD_STREAM):
+        print(text, file=stream)
+
+
+def flush_stdout() -> None:
+    if sys.stdout is not None:
+        with writing(STANDARD_STREAM):
+            sys.stdout.flush()

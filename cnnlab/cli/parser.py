@@ -1,0 +1,178 @@
+"""The command line's parser: every command, its arguments and their help, in argparse."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TextIO
+
+from cnnlab import __version__
+from cnnlab.cli import commands
+from cnnlab.cuda.ladder import BY_NAME, DEFAULT_KERNEL
+from cnnlab.errors import UsageError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but bad usage is one line on stderr and exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+    def _print_message(self, message: str, file: TextIO | None = None) -> None:
+        """--help's text, with standard output's faults reported (argparse's own printer drops them)."""
+        if message:
+            commands.say(message.rstrip("\n"), file or sys.stdout)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, not {text!r}")
+    return value
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, not {text!r}")
+    return value
+
+
+def _nonnegative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0.0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative number, not {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from cnnlab.compare import DEFAULT_ABS_TOL, DEFAULT_REL_TOL
+    from cnnlab.generate import DEFAULT_IMAGES
+
+    parser = _Parser(prog="cnnlab", description="The ECE 459 Lab 3 CNN: a batched float64 forward on the CPU or a GPU.")
+    parser.add_argument("--version", action="version", version=f"cnnlab {__version__}")
+    subcommands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for mode, where in (("cpu", "numpy on the CPU"), ("cuda", "CUDA kernels on the GPU")):
+        run = subcommands.add_parser(
+            mode,
+            help=f"run the network with {where}",
+            description=f"Run the network with {where}: the lab's `{mode} CNN_FILE INPUT_FILE OUTPUT_FILE`. "
+            f"With no files: the default data, written to {commands.DEFAULT_OUTPUTS[mode]}. stdout gets the lab's "
+            "line 'N microseconds of actual work done'.",
+        )
+        run.add_argument(
+            "files",
+            nargs="*",
+            metavar="FILE",
+            help="CNN_FILE INPUT_FILE OUTPUT_FILE; '-' as INPUT_FILE reads CSV from standard input, as OUTPUT_FILE writes "
+            "the outputs to standard output (the lab's timing line then goes to stderr)",
+        )
+        run.add_argument("--batch", type=_positive_int, help="images per compute call (default: sized to the backend)")
+        run.add_argument("--timing-json", metavar="PATH", help="also write the run's figures as JSON")
+        # cpu: parsing and computing both take every core, so reading ahead gains no wall time (measured on 2
+        # and 16 cores) and would only inflate the timed work; cuda: reading ahead keeps the GPU fed.
+        read_ahead = mode == "cuda"
+        run.add_argument(
+            "--read-ahead",
+            action=argparse.BooleanOptionalAction,
+            default=read_ahead,
+            help="read the next batch while this one computes (default: "
+            + ("on; --no-read-ahead reads only while nothing computes, so the timed work has the cores to itself)" if read_ahead
+               else "off, so the timed work has the cores to itself; on the CPU reading ahead gains no wall time)"),
+        )
+        if mode == "cuda":
+            run.add_argument(
+                "--host-parse",
+                action="store_true",
+                help="parse CSV input on the host's cores, as cpu mode does, instead of on the GPU (the default)",
+            )
+            run.add_argument(
+                "--kernel",
+                choices=list(BY_NAME),
+                metavar="NAME",
+                help=f"the rung of the optimization ladder that computes (README; default {DEFAULT_KERNEL}, the design card's "
+                f"conv2d_relu + flattened_to_dense): {', '.join(BY_NAME)}",
+            )
+        run.set_defaults(handler=commands.run, mode=mode, host_parse=False, kernel=None)
+
+    gen = subcommands.add_parser(
+        "generate",
+        help="write a random CNN file and input file",
+        description="Write cnn.csv and in.csv in the lab's layout, values uniform in [-10, 10].",
+    )
+    gen.add_argument("--images", type=_positive_int, default=DEFAULT_IMAGES, help=f"images in in.csv (default {DEFAULT_IMAGES})")
+    gen.add_argument("--seed", type=_seed, help="random seed, a non-negative integer: the same seed gives the same files")
+    gen.add_argument("--out-dir", default="input", help="folder for cnn.csv and in.csv (default input/)")
+    gen.set_defaults(handler=commands.generate)
+
+    conv = subcommands.add_parser(
+        "convert",
+        help="convert an input or output file between CSV and .npy, exactly",
+        description="Convert an input file (N images) or an output file (rows of values) between the lab's CSV "
+        "and numpy's .npy format, in either direction; the extension of each path names its format. "
+        "Every value comes back as the same double. Every command that takes a file takes either format.",
+    )
+    conv.add_argument("input", metavar="IN")
+    conv.add_argument("output", metavar="OUT")
+    conv.set_defaults(handler=commands.convert)
+
+    cmp = subcommands.add_parser(
+        "compare",
+        help="check two output files agree (the lab's compare.py)",
+        description="Exit 0 when both files have the same lines and values and every pair is close by "
+        "math.isclose; exit 1 naming the first discrepancy and counting the values that differ. "
+        "Outputs near zero are sums of large terms that cancel, so their rounding error is large "
+        "relative to the value itself: a relative rule can fail there though both are right to "
+        "the last bits of the terms; --abs-tol admits such pairs.",
+    )
+    cmp.add_argument("file_a", metavar="A")
+    cmp.add_argument("file_b", metavar="B")
+    for option, default, what in (("--rel-tol", DEFAULT_REL_TOL, "relative"), ("--abs-tol", DEFAULT_ABS_TOL, "absolute")):
+        cmp.add_argument(option, type=_nonnegative_float, default=default, help=f"{what} tolerance (default {default:g})")
+    cmp.set_defaults(handler=commands.compare)
+
+    from cnnlab.bench.report import BenchOptions
+
+    defaults = BenchOptions()
+    bench = subcommands.add_parser(
+        "bench",
+        help="measure every path in images/s against the hardware's bounds",
+        description="Measure each path in images/s (median of --repeats after a warm-up, fresh random data): "
+        "cpu, the CSV reader in MB/s against numpy.loadtxt, "
+        "the lab's one image per launch, batched from page-locked memory, resident on the device, the "
+        "host-to-device and device-to-device copy bounds, the optimization ladder (kernels: every rung's kernels "
+        "on resident images, with GB/s, share of the device-to-device bound and of the FP64 peak, and its check "
+        "against the CPU) and the peers (PyTorch eager, im2col + GEMMs, torch.compile, JAX jit, all float64, "
+        "each skipped with its reason where not installed). Without a GPU only the cpu and reader rows run.",
+    )
+    for option, default, what in (
+        ("--images", defaults.images, "images for the GPU rows"),
+        ("--cpu-images", defaults.cpu_images, "images for the cpu row"),
+        ("--lab-images", defaults.lab_images, "images for the one-per-launch row"),
+        ("--reader-images", defaults.reader_images, "images in the CSV file for the reader rows"),
+        ("--csv-images", defaults.csv_images, "images in the CSV file for the csv rows (cuda on CSV, whole run)"),
+        ("--repeats", defaults.repeats, "timed repeats per figure"),
+    ):
+        bench.add_argument(option, type=_positive_int, default=default, help=f"{what} (default {default})")
+    all_rows = ",".join(defaults.rows)
+    bench.add_argument("--rows", default=all_rows, help=f"comma-separated rows to run (default all: {all_rows})")
+    bench.add_argument("--seed", type=_seed, help="random seed for the data, a non-negative integer")
+    bench.add_argument("--chunk-images", type=_positive_int, help="images per chunk on the GPU (default: the backend's)")
+    bench.add_argument("--streams", type=_positive_int, help="CUDA streams (default: the backend's)")
+    bench.add_argument("--json", metavar="PATH", help="write every number, the device and versions as JSON")
+    bench.add_argument(
+        "--plot",
+        metavar="PNG",
+        help="draw each row's images/s against its bound, and with a GPU the batch sweep (needs matplotlib: the plot extra)",
+    )
+    bench.set_defaults(handler=commands.bench)
+    return parser

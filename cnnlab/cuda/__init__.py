@@ -1,0 +1,15 @@
+"""The CUDA backend (the lab's cuda.rs) and its build step (the lab's build.rs).
+
+context.py     CudaContext: owns the driver context, the modules, the weights, the lanes and the memory
+driver.py      the driver started early, imported through PyCUDA, its errors as one-line DeviceErrors
+memory.py      Allocator: device and page-locked host memory
+lanes.py       Lanes: a call's chunks dealt over streams; where a chunk's images come from and its outputs go
+kernels.py     kernel/kernel.cu's sizes, defined once, and one launcher per kernel
+ladder.py      the optimization ladder: the rungs, what each teaches, how exact it is, the launch configuration
+launchers.py   each rung's sizes, builds and launcher, and what they need of the context (DeviceSetup)
+csv_parser.py  kernel/csv.cu's launchers: the lab's input CSV parsed on the GPU
+nvcc.py        one kernel source compiled by nvcc to a fatbin, where stale
+buildstep.py   `python build.py`: every kernel source and ladder variant built, one nvcc per core
+
+Nothing is imported here: `python -m cnnlab cuda` imports driver.py before numpy, to start the driver sooner.
+"""

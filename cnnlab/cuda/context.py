@@ -1,0 +1,256 @@
+"""The CUDA backend (the lab's cuda.rs). Three small pieces, as tinygrad's runtime has them:
+
+- `Allocator` (memory.py) owns device and page-locked host memory: what it gives out it can take
+  back, and whatever is still out when the context closes it frees;
+- `Lanes` (lanes.py) schedules: a call's chunks dealt round-robin to streams, each chunk's images
+  in, the kernels of the chosen rung of the ladder (ladder.py; by default the design card's two),
+  partials out, so the copy in of one chunk overlaps the kernels of another and the copy out of a
+  third;
+- `CudaContext` owns the driver context, the modules, the weights, the lanes and the allocator,
+  and frees them in order, the context last.
+
+As each chunk's partials arrive the host adds them up with numpy, while later chunks are still on
+the device. forward(images, out=None) is the same schedule for the Python API: images from any host
+array or from device memory (`__cuda_array_interface__`, read where they lie, as compute_resident
+reads them), outputs to the host or, with `out`, added up on the device into the caller's array.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from cnnlab.arrays import DeviceArray, check_device_images, check_device_outputs, device_array, host_images
+from cnnlab.cuda.driver import context_lost, device_errors, import_driver, synchronize_stream
+from cnnlab.cuda.kernels import FindNonFinite, SumSegments
+from cnnlab.cuda.ladder import LaunchConfig, launcher
+from cnnlab.cuda.lanes import ChunkSource, CsvText, DeviceOutputs, HostImages, Lanes, ResidentImages
+from cnnlab.cuda.launchers import KERNEL_BUILD, DeviceSetup, Launcher
+from cnnlab.cuda.memory import Allocator
+from cnnlab.cuda.nvcc import ensure_modules
+from cnnlab.errors import ArrayError, DeviceError
+from cnnlab.network import INPUT_DIM, OUT_LAYER_SIZE, Cnn, ImageBatch, OutputBatch, TextBatching, require_finite
+
+# Images per compute() call from the command line: the run's two page-locked buffers stay at ~330 MB.
+DEFAULT_BATCH_IMAGES = 2048
+# Images per compute() call when CSV text is parsed on the device: ~50 MB of text a batch, read into one of
+# two page-locked windows (made before the run, ~60 MB each) while the other's batch is on the device, and
+# dealt over the lanes so that one lane's copy overlaps another's parse. On the H100 machine (10,000 images,
+# tools/profile_cuda_csv.py): 256 a batch loop 0.16-0.19 s, 512 0.27-0.31 s, where making the larger
+# windows page-locked cost more than the fewer hand-offs saved.
+DEFAULT_TEXT_BATCH_IMAGES = 256
+
+
+@dataclass
+class DeviceImages:
+    """Images in device memory (the benchmark's resident figure); context.free(images) gives them back."""
+
+    allocation: Any
+    count: int
+
+
+class CudaContext:
+    """The GPU backend. Use as a context manager: leaving it frees everything, the context last."""
+
+    name = "cuda"
+
+    def __init__(
+        self, cnn: Cnn, batch_size: int | None = None, config: LaunchConfig | None = None, parse_csv: bool = True
+    ) -> None:
+        """Start the driver, load the kernels, put the weights on device 0 and make the lanes.
+
+        `batch_size`: images per compute() call from the command line; `config`: how the work is spread;
+        `parse_csv`: whether CSV text is parsed on the device (the command line's cuda mode).
+        """
+        self.config = config or LaunchConfig()
+        self._parse_csv = parse_csv  # CSV input parsed here on the device; False: by the host's reader
+        self.batch_size = batch_size or DEFAULT_BATCH_IMAGES
+        self._text_batch = batch_size or DEFAULT_TEXT_BATCH_IMAGES
+        self.driver = driver = import_driver()
+        self.memory = Allocator(driver)
+        modules = ensure_modules()
+        self._context = None
+        self._lanes: Lanes | None = None
+        with device_errors("cannot start CUDA"):
+            driver.init()
+            if driver.Device.count() == 0:
+                raise DeviceError("no CUDA device found")
+            device = driver.Device(0)
+            # The primary context, as the CUDA runtime uses: other libraries in the process share it.
+            self._context = device.retain_primary_context()
+            self._context.push()
+        try:
+            self.device = device.name()
+            with device_errors(f"cannot load {modules.cnn}"):
+                self._module = driver.module_from_file(str(modules.cnn))
+                self._csv_module = driver.module_from_file(str(modules.csv))
+                driver.memcpy_htod(self._module.get_global("filters")[0], cnn.filters)
+                self._weights = self.memory.device(cnn.weights.nbytes)
+                driver.memcpy_htod(self._weights, cnn.weights)
+            with device_errors(f"cannot load kernel {self.config.kernel}"):
+                self.setup = DeviceSetup(driver, device, self.memory, cnn, self._weights)
+                self.setup.add_module(KERNEL_BUILD, self._module)
+                self._launcher: Launcher = launcher(self.config.kernel, self.setup, self.config)
+                self._sum_segments = SumSegments(self._module, self.setup.sm_count, self._launcher.segments)
+                find_nonfinite = FindNonFinite(self._module, self.setup.sm_count)
+            chunk = self.config.chunk_images or math.ceil(self.batch_size / self.config.streams)
+            self._lanes = Lanes(
+                driver, self.memory, self._launcher, self.config.streams, chunk, self.config.lane_bytes_cap, self.setup.nonfinite,
+                find_nonfinite,
+            )
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def csv_text(self) -> TextBatching | None:
+        """How CSV text comes to the device: a batch dealt over the lanes; None where the host's reader parses CSV."""
+        if not self._parse_csv:
+            return None
+        return TextBatching(self._text_batch, min(self.chunk_images, math.ceil(self._text_batch / len(self._lanes))))
+
+    @property
+    def chunk_images(self) -> int:
+        """Images per chunk: the configured size, or less where device memory did not hold it."""
+        return self._lanes.chunk
+
+    def allocate_images(self, count: int) -> np.ndarray:
+        """A page-locked host buffer: chunks copy from it straight to the device, with no staging."""
+        with device_errors("cannot allocate page-locked host memory"):
+            return self.memory.host((count, INPUT_DIM, INPUT_DIM))
+
+    def upload(self, batch: ImageBatch) -> DeviceImages:
+        """Copy a batch to device memory once, for compute_resident(); free() gives the memory back."""
+        with device_errors("cannot copy images to the device"):
+            allocation = self.memory.device(batch.images.nbytes)
+            self.driver.memcpy_htod(allocation, batch.images)
+        return DeviceImages(allocation, len(batch))
+
+    def free(self, images: DeviceImages) -> None:
+        self.memory.free(images.allocation)
+
+    def compute(self, batch: ImageBatch | Any, check_finite: bool = False) -> OutputBatch:
+        """Outputs for a host batch of images, or of CSV text (labcsv.CsvBatch) parsed here on the device (its values
+        are finite: the parser refuses the rest). `check_finite`: an ArrayError where an image holds a NaN or an infinity."""
+        if isinstance(batch, ImageBatch):
+            source = HostImages(batch.images, self.chunk_images, self.memory.is_page_locked(batch.images))
+            return self._lanes.run(len(batch), source, check_finite=check_finite)
+        chunk = self.csv_text.chunk_images
+        return self._lanes.run(len(batch), CsvText(batch, chunk, self._csv_module), chunk)
+
+    def compute_resident(self, images: DeviceImages) -> OutputBatch:
+        """Outputs for images already on the device: the kernels, the partials' copy and the reduction."""
+        return self._lanes.run(images.count, ResidentImages(int(images.allocation), self.chunk_images))
+
+    def forward(self, images: Any, out: Any = None) -> Any:
+        """The network's outputs for `images`, as cnnlab.forward gives them, with this context's kernels and buffers.
+
+        `images`: one (100, 100) image or a batch (N, 100, 100), either anything numpy reads (any real
+        dtype and layout, converted to float64 as it is copied to the device) or a device array
+        (`__cuda_array_interface__`: CuPy, PyTorch CUDA tensors, Numba), read where it lies with no
+        trip through the host; it must be C-ordered float64 then. Returns a (N, 10) float64 numpy
+        array, (10,) for one image; or, given `out`, a device array of that shape (float64,
+        C-contiguous), writes the outputs there on the device and returns `out`. A NaN or an infinity
+        in the images (found by conv2d_relu as it reads them, or by find_nonfinite for a rung
+        that makes no such check) raises ArrayError, and leaves `out` undefined. Returns once the outputs are written.
+        """
+        source_array = device_array(images)
+        host: np.ndarray | None = None
+        if source_array is not None:
+            count, single = check_device_images(source_array)
+        else:
+            host, single = host_images(images)
+            count = len(host)
+        target = None if out is None else device_array(out)
+        if out is not None:
+            if target is None:
+                raise ArrayError("out must be a device array (__cuda_array_interface__); without out, forward returns a numpy array")
+            check_device_outputs(target, count, single)
+        if count == 0:
+            return out if out is not None else np.empty((0, OUT_LAYER_SIZE))
+        with device_errors("cannot read the caller's device arrays"):
+            for array, what in ((source_array, "images"), (target, "out")):
+                if array is not None:
+                    self._check_device_memory(array, what)
+                    if array.stream is not None:
+                        synchronize_stream(array.stream)
+        if host is not None:
+            page_locked = host.dtype == np.float64 and host.flags.c_contiguous and self.memory.is_page_locked(host)
+            source: ChunkSource = HostImages(host, self.chunk_images, page_locked)
+        else:
+            source = ResidentImages(source_array.address, self.chunk_images)
+        try:
+            if target is None:
+                values = self._lanes.run(count, source, check_finite=True).values
+                return values[0] if single else values
+            chunk = self.chunk_images
+            self._lanes.schedule(count, source, chunk, DeviceOutputs(self._sum_segments, target.address, chunk), True)
+            return out
+        except ArrayError:
+            if host is not None:  # the host copy says where: worth a pass over it only now that it failed
+                require_finite("images", host)
+            raise
+
+    def _check_device_memory(self, array: DeviceArray, what: str) -> None:
+        """An ArrayError unless `array` lies wholly in one allocation of this context (device 0's primary one):
+        a kernel that read elsewhere would fault and lose the context."""
+        try:
+            base, size = self.driver.mem_get_address_range(array.address)
+        except self.driver.Error:
+            raise ArrayError(
+                f"{what} at {array.address:#x} is not device memory of GPU 0's primary context, which cnnlab uses"
+            ) from None
+        if array.address + array.nbytes > int(base) + size:
+            raise ArrayError(f"{what} ({array.nbytes} bytes at {array.address:#x}) run past the end of their allocation")
+
+    def allocate_text(self, nbytes: int) -> np.ndarray:
+        """A page-locked byte buffer, for CSV text the device copies straight from.
+
+        The reader's thread calls it too: the context is made current there for the allocation.
+        """
+        with device_errors("cannot allocate page-locked host memory"), self._current():
+            return self.memory.host(nbytes, np.uint8)
+
+    def free_text(self, buffer: np.ndarray) -> None:
+        """Give a text window back; in a lost context nothing is freed (see close())."""
+        with device_errors("cannot free page-locked host memory"), self._current():
+            if not context_lost(self.driver):
+                self.memory.free(buffer)
+
+    @contextmanager
+    def _current(self) -> Iterator[None]:
+        """The context made current in this thread for a while (the reader's thread has none of its own)."""
+        self._context.push()
+        try:
+            yield
+        finally:
+            self._context.pop()
+
+    def close(self) -> None:
+        """Free device memory, then page-locked memory, the module and streams, and the context last.
+
+        In a lost context every free fails, so nothing is freed: the process's end takes it all.
+        """
+        if self._context is None:
+            return
+        try:
+            if not context_lost(self.driver):
+                if self._lanes is not None:
+                    self._lanes.free()
+                self.memory.free_all()
+                self._lanes = self._launcher = self.setup = self._sum_segments = self._module = self._csv_module = None
+        finally:
+            self._context.pop()
+            self._context.detach()
+            self._context = None
+
+    def __enter__(self) -> CudaContext:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

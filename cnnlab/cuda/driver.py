@@ -1,0 +1,86 @@
+"""The CUDA driver: started early on a thread of its own, imported through PyCUDA, and its errors as one-line DeviceErrors.
+
+Nothing here imports numpy or PyCUDA at module level: `python -m cnnlab cuda` imports this before numpy,
+so that cuInit and the primary context (~0.35 s on the H100 machine, as much as importing numpy) run on
+a thread while numpy is imported. Called through ctypes they run with the GIL released; PyCUDA then
+finds the driver started and the primary context made, and CudaContext retains it in a moment.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from cnnlab.errors import DeviceError, DeviceLostError, memory_limit_note
+
+
+def _start() -> None:
+    """cuInit and device 0's primary context, or nothing where there is no driver: cuda mode says so later, in one
+    line. The context retained here is released by the process's end (CudaContext keeps its own reference)."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return
+    device, context = ctypes.c_int(), ctypes.c_void_p()
+    if cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(device), 0) == 0:
+        cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device)
+
+
+def start_driver() -> threading.Thread:
+    """Start the driver in the background; join the thread before the process ends."""
+    thread = threading.Thread(target=_start, name="cnnlab-cuda-start", daemon=True)
+    thread.start()
+    return thread
+
+
+def import_driver() -> Any:
+    """pycuda.driver, or a one-line DeviceError saying what is missing."""
+    try:
+        import pycuda.driver as driver
+    except ModuleNotFoundError:
+        from cnnlab.resources import install_command
+
+        hint = f"{install_command('cuda')} (builds PyCUDA from source: needs the CUDA toolkit)"
+        raise DeviceError(f"the GPU path needs pycuda: {hint}") from None
+    except ImportError as error:  # pycuda is there but the driver library is not, or cannot be mapped (ulimit -v)
+        note = memory_limit_note() if "failed to map" in str(error) else ""
+        raise DeviceError(f"no CUDA driver: {error}{note}") from None
+    return driver
+
+
+@contextmanager
+def device_errors(what: str) -> Iterator[None]:
+    """Turn the driver's exceptions into a one-line DeviceError saying what was being done."""
+    driver = import_driver()
+    try:
+        yield
+    except driver.Error as error:
+        detail = " ".join(str(error).split())
+        if "out of memory" in detail:  # the driver reserves far more address space than it uses
+            detail += memory_limit_note()
+        raise (DeviceLostError if context_lost(driver) else DeviceError)(f"{what}: {detail}") from None
+
+
+def context_lost(driver: Any) -> bool:
+    """Whether the current context has hit an error it cannot recover from (every later call fails)."""
+    if driver.Context.get_current() is None:
+        return False
+    try:
+        driver.Context.synchronize()
+    except driver.Error:
+        return True
+    return False
+
+
+def synchronize_stream(handle: int) -> None:
+    """Wait for the work queued on a stream that another library made (a device array's producer, which
+    `__cuda_array_interface__` names as a driver handle: 1 and 2 are the default streams). PyCUDA wraps
+    only streams it made, so the driver's own call."""
+    synchronize = ctypes.CDLL("libcuda.so.1").cuStreamSynchronize
+    synchronize.argtypes = [ctypes.c_void_p]
+    result = synchronize(handle)
+    if result != 0:
+        raise DeviceError(f"cannot wait for the device array's stream {handle:#x}: CUDA error {result}")

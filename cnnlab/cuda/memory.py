@@ -1,0 +1,89 @@
+"""Device and page-locked host memory for a CUDA context: the allocator, which can take back what it gives out and
+frees whatever is still out when the context closes.
+
+Page-locked buffers are the process's own pages registered with the driver (cuMemHostRegister), not the
+driver's own allocations: about 3x faster to make on the H100 machine.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import mmap
+import threading
+from typing import Any
+
+import numpy as np
+
+# Page-locked buffers from this size on ask for huge pages (2 MB): fewer pages to fault in and to register.
+HUGE_PAGES_FROM = 4 << 20
+
+
+class Allocator:
+    """Device and page-locked host memory: alloc, free, and free_all for whatever is still out.
+
+    The reader's thread allocates page-locked text windows while the main thread frees: a lock keeps the lists whole.
+    """
+
+    def __init__(self, driver: Any) -> None:
+        self._driver = driver
+        self._lock = threading.Lock()
+        self._device: list[Any] = []
+        self._host: list[np.ndarray] = []
+
+    def device(self, nbytes: int) -> Any:
+        allocation = self._driver.mem_alloc(nbytes)
+        with self._lock:
+            self._device.append(allocation)
+        return allocation
+
+    def host(self, shape: tuple[int, ...] | int, dtype: Any = np.float64) -> np.ndarray:
+        """Page-locked host memory: pages of its own (an anonymous mapping, so that no other object shares a page
+        with it), huge where the kernel gives them, registered with the driver (cuMemHostRegister). On the H100
+        machine that made 64 MB in 10-13 ms, against 34 ms for the driver's own (cuMemHostAlloc, PyCUDA's
+        pagelocked_empty): a run's text windows are made while it reads. PyCUDA's register_host_memory refuses
+        numpy 2's arrays, hence the driver's call through ctypes."""
+        dtype = np.dtype(dtype)
+        nbytes = math.prod(shape if isinstance(shape, tuple) else (shape,)) * dtype.itemsize
+        pages = mmap.mmap(-1, max(nbytes, 1))
+        if nbytes >= HUGE_PAGES_FROM and hasattr(mmap, "MADV_HUGEPAGE"):
+            try:
+                pages.madvise(mmap.MADV_HUGEPAGE)
+            except OSError:  # no transparent huge pages here: ordinary ones
+                pass
+        buffer = np.frombuffer(pages, np.uint8, nbytes).view(dtype).reshape(shape)
+        if nbytes:
+            self._call("cuMemHostRegister_v2", ctypes.c_void_p(buffer.ctypes.data), ctypes.c_size_t(nbytes), ctypes.c_uint(0))
+        with self._lock:
+            self._host.append(buffer)
+        return buffer
+
+    def free(self, allocation: Any) -> None:
+        """Give back a device allocation or a page-locked buffer made here."""
+        with self._lock:
+            if isinstance(allocation, np.ndarray):
+                self._host = [buffer for buffer in self._host if buffer is not allocation]
+            else:
+                self._device = [held for held in self._device if held is not allocation]
+        if not isinstance(allocation, np.ndarray):
+            allocation.free()
+        elif allocation.nbytes:  # the pages are unmapped once the last array on them is gone
+            self._call("cuMemHostUnregister", ctypes.c_void_p(allocation.ctypes.data))
+
+    def _call(self, name: str, *args: Any) -> None:
+        """A driver call through ctypes (the GIL released), its error raised as PyCUDA raises the driver's errors."""
+        cuda = ctypes.CDLL("libcuda.so.1")
+        result = getattr(cuda, name)(*args)
+        if result:
+            text = ctypes.c_char_p()
+            cuda.cuGetErrorString(result, ctypes.byref(text))
+            raise self._driver.Error(f"{name} failed: {(text.value or b'error %d' % result).decode()}")
+
+    def is_page_locked(self, array: np.ndarray) -> bool:
+        start = array.ctypes.data
+        with self._lock:
+            return any(buffer.ctypes.data <= start < buffer.ctypes.data + buffer.nbytes for buffer in self._host)
+
+    def free_all(self) -> None:
+        for allocation in [*self._device, *self._host]:
+            self.free(allocation)
