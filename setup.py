@@ -1,8 +1,11 @@
-"""What setup.cfg cannot say: the native CSV parser, cnnlab._lab_csv, and the kernels' fatbins.
+"""What setup.cfg cannot say: the native code (the CSV parser and the CPU forward) and the kernels' fatbins.
 
-The parser is built from native/lab_csv_module.cpp with kernel/lab_csv.h, the format's rules it
-shares with the CUDA parser. It is optional: where it cannot be compiled the install still
-succeeds, with one line saying what to install, and cnnlab parses CSV files in Python instead.
+The CSV parser, cnnlab.files._lab_csv, is built from native/lab_csv_module.cpp with kernel/lab_csv.h,
+the format's rules it shares with the CUDA parser; the CPU forward, cnnlab.cpu._forward, from
+native/cpu_forward.cpp, with the network's sizes from cnnlab/network.py and -ffp-contract=off (every
+multiply and add rounded on its own, as cpu.rs computes). Both are optional: where one cannot be
+compiled the install still succeeds, with one line saying what to install, and cnnlab uses its
+Python and numpy twin instead.
 
 The fatbins are built with nvcc, where it is on the PATH, before a wheel or an sdist is made, so
 that the package carries them (setup.cfg's package data) and `cnnlab cuda` runs where only the
@@ -20,10 +23,14 @@ from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 from setuptools.command.sdist import sdist
 
-HINT = (
-    "cnnlab: building the native CSV parser failed: install a C++17 compiler (g++ >= 11) and reinstall; "
-    "CSV files will be parsed in Python, about 50x slower"
-)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cnnlab.network import network_sizes  # noqa: E402
+
+# What is lost where an extension cannot be built.
+FALLBACKS = {
+    "cnnlab.files._lab_csv": "CSV files will be parsed in Python, about 50x slower",
+    "cnnlab.cpu._forward": "cpu mode will run the numpy forward, about 10x slower",
+}
 
 
 class OptionalBuildExt(build_ext):
@@ -39,11 +46,16 @@ class OptionalBuildExt(build_ext):
         try:
             super().build_extension(ext)
         except Exception as error:  # CompileError, LinkError, a missing Python.h ...
-            self._skip(error)
+            self._skip(error, [ext.name])
 
-    def _skip(self, error: BaseException) -> None:
+    def _skip(self, error: BaseException, names: list[str] | None = None) -> None:
         detail = str(error).strip().splitlines()
-        print(f"{HINT} ({type(error).__name__}{': ' + detail[-1] if detail else ''})", file=sys.stderr)
+        for name in names or FALLBACKS:
+            print(
+                f"cnnlab: building {name} failed: install a C++17 compiler (g++ >= 11) and reinstall; {FALLBACKS[name]} "
+                f"({type(error).__name__}{': ' + detail[-1] if detail else ''})",
+                file=sys.stderr,
+            )
 
 
 def build_kernels() -> None:
@@ -51,7 +63,6 @@ def build_kernels() -> None:
     if shutil.which("nvcc") is None:
         print("cnnlab: nvcc is not on the PATH: this package carries no kernel fatbins (cuda mode will need nvcc)", file=sys.stderr)
         return
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from cnnlab.cuda.buildstep import main as build_fatbins
     from cnnlab.cuda.nvcc import SOURCES, is_stale, kernel_source
 
@@ -82,14 +93,23 @@ class SdistWithKernels(sdist):
 setup(
     ext_modules=[
         Extension(
-            "cnnlab._lab_csv",
+            "cnnlab.files._lab_csv",
             ["native/lab_csv_module.cpp"],
             include_dirs=["kernel"],
             depends=["kernel/lab_csv.h", "kernel/lab_pow5_table.h"],
             extra_compile_args=["-O3", "-std=c++17", "-fvisibility=hidden", "-pthread"],
             extra_link_args=["-pthread"],
             language="c++",
-        )
+        ),
+        Extension(
+            "cnnlab.cpu._forward",
+            ["native/cpu_forward.cpp"],
+            depends=["native/cpu_forward_kernels.h", "cnnlab/network.py"],
+            define_macros=[(name, str(value)) for name, value in network_sizes().items()],
+            extra_compile_args=["-O3", "-std=c++17", "-ffp-contract=off", "-fvisibility=hidden", "-pthread", "-Wno-psabi"],
+            extra_link_args=["-pthread"],
+            language="c++",
+        ),
     ],
     cmdclass={"build_ext": OptionalBuildExt, "build_py": BuildPyWithKernels, "sdist": SdistWithKernels},
 )

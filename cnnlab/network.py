@@ -36,8 +36,31 @@ CONV_OUT_DIM = INPUT_DIM // FILTER_DIM  # each filter gives a CONV_OUT_DIM x CON
 OUT_NEURON_DIM = CONV_LAYER_SIZE * CONV_OUT_DIM * CONV_OUT_DIM  # 4000 flattened values
 OUT_LAYER_SIZE = 10  # number of output neurons
 IMAGE_BYTES = INPUT_DIM * INPUT_DIM * 8  # 80,000 bytes of float64 per image
+
 # Floating-point operations per image: a multiply and an add per convolution tap and per weight.
 FLOPS_PER_IMAGE = 2 * (CONV_LAYER_SIZE * CONV_OUT_DIM * CONV_OUT_DIM * FILTER_DIM * FILTER_DIM + OUT_LAYER_SIZE * OUT_NEURON_DIM)
+
+
+def network_sizes() -> dict[str, int]:
+    """The network's sizes by name, as the native code gets them (-D flags: the CUDA kernels' and the C++ forward's)."""
+    return {
+        "INPUT_DIM": INPUT_DIM,
+        "FILTER_DIM": FILTER_DIM,
+        "CONV_LAYER_SIZE": CONV_LAYER_SIZE,
+        "CONV_OUT_DIM": CONV_OUT_DIM,
+        "OUT_NEURON_DIM": OUT_NEURON_DIM,
+        "OUT_LAYER_SIZE": OUT_LAYER_SIZE,
+    }
+
+
+def default_threads() -> int:
+    """The threads cnnlab runs on where none are named: OMP_NUM_THREADS where set (the knob numeric code obeys), else
+    every core this process may run on (its affinity mask, as taskset and cgroups set it, not the machine's count)."""
+    try:
+        threads = int(os.environ.get("OMP_NUM_THREADS", "").split(",")[0])
+    except ValueError:
+        threads = 0
+    return threads if threads > 0 else len(os.sched_getaffinity(0))
 
 
 def unsized_capacity(count: int) -> int:
@@ -170,6 +193,7 @@ class Backend(Protocol):
 
     name: str  # "cpu" or "cuda"
     device: str  # what it runs on, in words
+    threads: int  # the host threads it runs on, and the input's reader with it
     batch_size: int  # images per compute() call that suit this backend
     csv_text: TextBatching | None  # not None: compute() also takes CSV text (labcsv.CsvBatch), parsed on the backend's device
 

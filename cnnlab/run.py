@@ -142,7 +142,7 @@ def run_network(
     """
     slots = 2 if read_ahead else 1
     text = backend.csv_text
-    with open_images(input_path, backend if text else None) as reader, open_outputs(output_path, reader.count) as output:
+    with open_images(input_path, backend if text else None, backend.threads) as reader, open_outputs(output_path, reader.count) as output:
         if text and isinstance(reader, CsvImageReader):
             batch_size = min(text.batch_images, reader.count, reader.capacity)
             reader.reserve_text(batch_size)

@@ -1,4 +1,4 @@
-// cnnlab._lab_csv: the lab's CSV text walked and parsed at C speed, with the GIL released, so
+// cnnlab.files._lab_csv: the lab's CSV text walked and parsed at C speed, with the GIL released, so
 // that several Python threads parse blocks of one file on several cores. The format's rules
 // (blank lines, CRLF, text bytes, the number grammar and its exact conversion) are
 // kernel/lab_csv.h's, which the CUDA parser (kernel/csv.cu) shares.
@@ -566,7 +566,7 @@ PyMethodDef methods[] = {
 };
 
 PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "cnnlab._lab_csv",
+    PyModuleDef_HEAD_INIT, "cnnlab.files._lab_csv",
     "The lab's CSV walked and parsed natively (kernel/lab_csv.h's rules), the GIL released.", -1, methods,
     nullptr,           nullptr,
     nullptr,           nullptr,

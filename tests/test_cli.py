@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -10,7 +11,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import ROOT, SUBPROCESS_ENV, TIMING_LINE, assert_one_line_error, cnnlab, random_cnn, read_all_images, write_files
+from helpers import (
+    ROOT,
+    SUBPROCESS_ENV,
+    TIMING_LINE,
+    assert_one_line_error,
+    cnnlab,
+    cpu_outputs,
+    random_cnn,
+    read_all_images,
+    write_files,
+)
 
 from cnnlab.cpu.backend import CpuBackend
 from cnnlab.files.labcsv import read_output_rows as read_outputs
@@ -41,6 +52,34 @@ def test_cpu_on_generated_files_matches_backend_and_writes_timing_json(tmp_path:
     assert figures["images"] == 5 and figures["batch_size"] == 2 and figures["mode"] == "cpu"
     assert figures["work_microseconds"] == int(result.stdout.split()[0])
     assert figures["images_per_second"] == pytest.approx(5 / figures["work_seconds"])
+
+
+@pytest.mark.parametrize(
+    ("options", "environment", "cpus", "threads"),
+    [
+        ((), {}, None, len(os.sched_getaffinity(0))),  # every core this process may run on
+        (("--threads", "3"), {}, None, 3),
+        ((), {"OMP_NUM_THREADS": "2"}, None, 2),
+        ((), {"OMP_NUM_THREADS": "x"}, None, len(os.sched_getaffinity(0))),  # a knob that says nothing is passed over
+        ((), {}, {0}, 1),  # taskset -c 0: the affinity mask, not the machine's count
+        (("--threads", "2"), {"OMP_NUM_THREADS": "5"}, {0}, 2),  # the command line first
+    ],
+)
+def test_cpu_runs_on_the_threads_the_command_line_the_environment_or_the_affinity_mask_give(
+    tmp_path: Path, rng: np.random.Generator, options: tuple[str, ...], environment: dict[str, str], cpus: set[int] | None,
+    threads: int,
+) -> None:
+    cnn = random_cnn(rng)
+    images = random_values(rng, 11, 100, 100)
+    cnn_path, input_path = write_files(tmp_path, cnn, images)
+    command = [sys.executable, "-m", "cnnlab", "cpu", str(cnn_path), str(input_path), str(tmp_path / "out.csv")]
+    command += ["--timing-json", str(tmp_path / "t.json"), *options]
+    env = {key: value for key, value in SUBPROCESS_ENV.items() if key != "OMP_NUM_THREADS"} | environment
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, preexec_fn=pin)
+    assert result.returncode == 0, result.stderr
+    assert f", {threads} threads, " in json.loads((tmp_path / "t.json").read_text())["device"]
+    assert np.array_equal(np.array(read_outputs(tmp_path / "out.csv")), cpu_outputs(cnn, images))
 
 
 def test_generate_then_cpu_then_compare(tmp_path: Path) -> None:
@@ -162,15 +201,23 @@ def test_cuda_without_pycuda_is_a_one_line_error(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
-def test_without_the_native_parser_the_same_outputs_and_one_note(tmp_path: Path, rng: np.random.Generator) -> None:
-    """Where no C++ compiler built cnnlab._lab_csv: the same bytes out, parsed and written in Python, and one line saying why it is slow."""
+@pytest.mark.parametrize(
+    ("module", "note"),
+    [
+        ("cnnlab.files._lab_csv", "cnnlab: note: the native CSV parser is not built"),
+        ("cnnlab.cpu._forward", "cnnlab: note: the native forward is not built"),
+    ],
+)
+def test_without_a_native_module_the_same_outputs_and_one_note(tmp_path: Path, rng: np.random.Generator, module: str, note: str) -> None:
+    """Where no C++ compiler built the CSV parser or the forward: the same bytes out, from their Python and numpy
+    twins, and one line saying why it is slow."""
     cnn_path, input_path = write_files(tmp_path, random_cnn(rng), random_values(rng, 3, 100, 100))
     assert cnnlab("cpu", cnn_path, input_path, tmp_path / "native.csv").returncode == 0
-    script = "import sys; sys.modules['cnnlab._lab_csv'] = None; from cnnlab.cli.main import main; sys.exit(main(sys.argv[1:]))"
+    script = f"import sys; sys.modules[{module!r}] = None; from cnnlab.cli.main import main; sys.exit(main(sys.argv[1:]))"
     command = [sys.executable, "-c", script, "cpu", str(cnn_path), str(input_path), str(tmp_path / "python.csv")]
     result = subprocess.run(command, env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert result.stderr.startswith("cnnlab: note: the native CSV parser is not built") and result.stderr.count("\n") == 1
+    assert result.stderr.startswith(note) and result.stderr.count("\n") == 1, result.stderr
     assert (tmp_path / "python.csv").read_bytes() == (tmp_path / "native.csv").read_bytes()
 
 

@@ -1,4 +1,5 @@
-"""The numpy forward: bit-exact against the loop reference, hand-computed cases, batching, types."""
+"""The CPU forward, native and numpy: bit-exact against the loop reference and each other, hand-computed cases,
+hostile values, every batch size, threads, types."""
 
 from __future__ import annotations
 
@@ -7,9 +8,90 @@ import pytest
 from helpers import random_cnn
 from reference import reference_forward
 
+from cnnlab.cpu import backend
 from cnnlab.cpu.backend import CpuBackend
+from cnnlab.cpu.numpy_forward import NumpyForward
 from cnnlab.generate import random_values
 from cnnlab.network import Cnn, ImageBatch, OutputBatch
+
+NATIVE = pytest.mark.skipif(backend.Forward is None, reason="cnnlab.cpu._forward is not built (it needs a C++17 compiler)")
+
+
+def hostile_values(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    """Random values with signed zeros, subnormals and the smallest normals sprinkled in, a few percent of each."""
+    values = rng.uniform(-10, 10, shape)
+    specials = np.array([0.0, -0.0, 5e-324, -5e-324, 2.2250738585072014e-308, -1e-310])
+    where = rng.random(shape) < 0.05
+    values[where] = rng.choice(specials, where.sum())
+    return values
+
+
+def same_bits(got: np.ndarray, want: np.ndarray) -> bool:
+    """Equal bit for bit, NaNs (from inf - inf) equal to NaNs whatever their payload."""
+    nan = np.isnan(got) & np.isnan(want)
+    return bool((nan | (got.view(np.uint64) == want.view(np.uint64))).all())
+
+
+def native_and_numpy(cnn: Cnn, images: np.ndarray, threads: int, check: bool = False) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """The outputs and the first non-finite image (or -1) from the native forward and from the numpy one."""
+    results = []
+    for forward in (backend.Forward(cnn.filters, cnn.weights, threads), NumpyForward(cnn.filters, cnn.weights, threads)):
+        out = np.full((len(images), 10), np.nan)
+        with np.errstate(over="ignore", invalid="ignore"):
+            bad = forward.compute(images, out, check)
+        forward.close()
+        results.append((out, bad))
+    (native, native_bad), (numpy, numpy_bad) = results
+    return native, numpy, native_bad, numpy_bad
+
+
+@NATIVE
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_native_forward_is_the_numpy_forward_bit_for_bit_at_every_batch_size(rng: np.random.Generator, threads: int) -> None:
+    """Every batch size from 1 to 33 (groups of 8 images a vector, and every remainder), on values that cancel, underflow
+    and overflow: the same bits as numpy's forward, the plain loop's and the loop reference's."""
+    cnn = Cnn(hostile_values(rng, 10, 5, 5), hostile_values(rng, 10, 4000))
+    images = hostile_values(rng, 33, 100, 100)
+    images[5, 7, 11], images[20, 0, 0:3] = 1.7e308, [1e300, -1.7e308, 1e308]  # near the top: these images' sums overflow
+    for count in range(1, 34):
+        native, numpy, _, _ = native_and_numpy(cnn, images[:count], threads)
+        assert same_bits(native, numpy), count
+    plain = np.full((33, 10), np.nan)
+    forward = backend.Forward(cnn.filters, cnn.weights, threads)
+    forward.compute_plain(images, plain)
+    forward.close()
+    assert same_bits(plain, native)
+    assert not np.isfinite(native).all() and np.isfinite(native).any()  # the overflowing values did overflow, not all of them
+    for index in rng.choice(33, 2, replace=False):
+        want = reference_forward(images[index].tolist(), cnn.filters.tolist(), cnn.weights.tolist())
+        assert same_bits(native[index], np.array(want))
+
+
+@NATIVE
+def test_native_forward_names_the_first_image_that_is_not_finite(rng: np.random.Generator) -> None:
+    cnn = random_cnn(rng)
+    images = random_values(rng, 20, 100, 100)
+    assert native_and_numpy(cnn, images, 2, check=True)[2:] == (-1, -1)
+    images[13, 99, 0], images[17, 40, 96] = np.inf, np.nan  # the last column block overlaps the one before it
+    assert native_and_numpy(cnn, images, 2, check=True)[2:] == (13, 13)
+    images[3, 0, 99] = -np.inf
+    assert native_and_numpy(cnn, images, 3, check=True)[2:] == (3, 3)
+
+
+@NATIVE
+def test_native_forward_refuses_arrays_of_another_shape_or_dtype(rng: np.random.Generator) -> None:
+    cnn = random_cnn(rng)
+    forward = backend.Forward(cnn.filters, cnn.weights, 1)
+    with pytest.raises(ValueError):
+        forward.compute(np.zeros((2, 100, 99)), np.empty((2, 10)), False)
+    with pytest.raises(ValueError):
+        forward.compute(np.zeros((2, 100, 100)), np.empty((3, 10)), False)
+    with pytest.raises(ValueError):
+        forward.compute(np.zeros((2, 100, 100), np.float32), np.empty((2, 10)), False)
+    forward.close()
+    with pytest.raises(ValueError):
+        forward.compute(np.zeros((2, 100, 100)), np.empty((2, 10)), False)
+    assert forward.threads == 0
 
 
 def test_matches_loop_reference_bit_for_bit(rng: np.random.Generator) -> None:

@@ -1,4 +1,4 @@
-"""cnnlab._lab_csv (native/lab_csv_module.cpp, kernel/lab_csv.h) against Python: every value bit for
+"""cnnlab.files._lab_csv (native/lab_csv_module.cpp, kernel/lab_csv.h) against Python: every value bit for
 bit what float() gives, every spelling float() refuses refused (and '_', inf, nan, overflow too),
 and the line layout (blank lines, CRLF, field counts, text bytes) as the Python line checker reads it.
 """
@@ -18,13 +18,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 try:
-    from cnnlab import _lab_csv as native
+    from cnnlab.files import _lab_csv as native
 except ImportError:  # built by `pip install -e .` or `python setup.py build_ext --inplace`, where a C++17 compiler is
     native = None
 
 pytestmark = pytest.mark.skipif(
     native is None,
-    reason="cnnlab._lab_csv is not built (it needs a C++17 compiler: `pip install -e .` or `python setup.py build_ext --inplace`)",
+    reason="cnnlab.files._lab_csv is not built (it needs a C++17 compiler: `pip install -e .` or `python setup.py build_ext --inplace`)",
 )
 
 OK, HOST, BAD = 0, 1, 2

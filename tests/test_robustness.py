@@ -68,7 +68,7 @@ def test_device_failure_mid_run_is_one_line_and_leaves_no_output(
 ) -> None:
     cnn_path, input_path = write_files(tmp_path, random_cnn(rng), random_values(rng, 5, 100, 100))
     (tmp_path / "out.csv").write_text("old\n")
-    monkeypatch.setattr(commands, "make_backend", lambda mode, cnn, batch, host_parse=False, kernel=None: FailingBackend(cnn, batch))
+    monkeypatch.setattr(commands, "make_backend", lambda mode, cnn, batch, *options: FailingBackend(cnn, batch))
     assert cli.main(["cuda", str(cnn_path), str(input_path), str(tmp_path / "out.csv"), "--batch", "2"]) == 2
     captured = capsys.readouterr()
     assert captured.err == "cnnlab: CUDA error while computing: cuEventSynchronize failed: an illegal memory access was encountered\n"

@@ -1,4 +1,4 @@
-"""Time the native CSV parser (cnnlab._lab_csv) in MB/s of text, on 1 thread and on several.
+"""Time the native CSV parser (cnnlab.files._lab_csv) in MB/s of text, on 1 thread and on several.
 
     python tools/bench_lab_csv.py [--images 1000] [--dir /tmp/x] [--threads 1 2] [--repeats 5]
 
@@ -26,7 +26,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cnnlab import _lab_csv as native  # noqa: E402
+from cnnlab.files import _lab_csv as native  # noqa: E402
 
 WIDTH = 100
 LINES_PER_IMAGE = 100

@@ -13,7 +13,7 @@ import numpy as np
 
 from cnnlab.bench.report import BenchOptions, Figure, median_rate
 from cnnlab.files.labcsv import CsvImageReader
-from cnnlab.network import INPUT_DIM, Cnn
+from cnnlab.network import INPUT_DIM, Cnn, default_threads
 
 
 def bench_reader(options: BenchOptions, seed: int | None) -> list[Figure]:
@@ -41,7 +41,7 @@ def bench_reader(options: BenchOptions, seed: int | None) -> list[Figure]:
     figures = [
         Figure("reader", "reference: numpy.loadtxt (one thread)", loadtxt, key="loadtxt", **text),
         Figure("reader", "cnnlab CSV reader, one parse thread", one, "loadtxt", **text),
-        Figure("reader", f"cnnlab CSV reader, {os.cpu_count()} parse threads", every, "loadtxt", **text),
+        Figure("reader", f"cnnlab CSV reader, {default_threads()} parse threads", every, "loadtxt", **text),
     ]
     if peer is not None:
         figures.append(Figure("reader", f"peer: polars {peer[0]} read_csv, whole file, every thread", peer[1], "loadtxt", **text))
@@ -73,7 +73,7 @@ def bench_csv(cnn: Cnn, options: BenchOptions, seed: int | None) -> list[Figure]
     from cnnlab.generate import generate
     from cnnlab.run import run_network
 
-    threads = os.cpu_count() or 1
+    threads = default_threads()
     repeats = min(options.repeats, 3)
     with tempfile.TemporaryDirectory() as folder:
         _, path = generate(folder, options.csv_images, seed)

@@ -26,16 +26,19 @@ from cnnlab.run import run_network
 DEFAULT_OUTPUTS = {"cpu": Path("out/out.csv"), "cuda": Path("out/out_cuda.csv")}
 
 
-def make_backend(mode: str, cnn: Cnn, batch_size: int | None, host_parse: bool = False, kernel: str | None = None) -> Backend:
-    """The backend for `mode`; the CUDA one, running rung `kernel` of the ladder, is imported only when asked for."""
+def make_backend(
+    mode: str, cnn: Cnn, batch_size: int | None, host_parse: bool = False, kernel: str | None = None, threads: int | None = None
+) -> Backend:
+    """The backend for `mode` on `threads` host threads; the CUDA one, running rung `kernel` of the ladder, is imported
+    only when asked for."""
     if mode == "cpu":
         from cnnlab.cpu.backend import CpuBackend
 
-        return CpuBackend(cnn, batch_size)
+        return CpuBackend(cnn, batch_size, threads)
     from cnnlab.cuda.context import CudaContext
     from cnnlab.cuda.ladder import LaunchConfig
 
-    return CudaContext(cnn, batch_size, LaunchConfig(kernel=kernel or DEFAULT_KERNEL), parse_csv=not host_parse)
+    return CudaContext(cnn, batch_size, LaunchConfig(kernel=kernel or DEFAULT_KERNEL), parse_csv=not host_parse, threads=threads)
 
 
 def warn_trailing(input_path: str | os.PathLike, images: int, line: int | None) -> None:
@@ -61,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"the output and --timing-json cannot both be written to descriptor {output.descriptor} (-)")
         refuse_same_file(args.timing_json, {"input file": input_path, "CNN file": cnn_path, "output file": output_path})
     cnn = read_cnn(cnn_path)
-    with make_backend(args.mode, cnn, args.batch, args.host_parse, args.kernel) as backend:
+    with make_backend(args.mode, cnn, args.batch, args.host_parse, args.kernel, args.threads) as backend:
         interrupts.raise_if_received()  # the backend's modules were imported just now
         stats = run_network(backend, input_path, output_path, read_ahead=args.read_ahead)
         device = backend.device

@@ -77,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
             "the outputs to standard output (the lab's timing line then goes to stderr)",
         )
         run.add_argument("--batch", type=_positive_int, help="images per compute call (default: sized to the backend)")
+        run.add_argument(
+            "--threads",
+            type=_positive_int,
+            help="host threads that read and parse the input" + (" and compute" if mode == "cpu" else "")
+            + " (default: OMP_NUM_THREADS where set, else every core this process may run on)",
+        )
         run.add_argument("--timing-json", metavar="PATH", help="also write the run's figures as JSON")
         # cpu: parsing and computing both take every core, so reading ahead gains no wall time (measured on 2
         # and 16 cores) and would only inflate the timed work; cuda: reading ahead keeps the GPU fed.

@@ -1,71 +1,28 @@
-"""The CPU backend: the network in vectorised numpy, bit for bit what the lab's cpu.rs computes.
+"""The CPU backend (the lab's cpu.rs): the network on every core, bit for bit what cpu.rs computes.
 
-cpu.rs sums each dot product left to right. numpy's sum over a leading (non-contiguous) axis
-adds whole rows in order, which is that same left fold for every output at once; a sum over the
-contiguous axis, or a matrix product, would round differently. So both layers first lay their
-terms out with the summed index leading, then sum over axis 0.
+The forward is native (cnnlab.cpu._forward, from native/cpu_forward.cpp: 8 images a vector, the
+network's sums in cpu.rs's order) where the install built it, and the numpy forward (numpy_forward.py,
+the same bits, ~20x slower) where no compiler did.
 """
 
 from __future__ import annotations
 
-import os
 import platform
-import threading
-from concurrent.futures import ThreadPoolExecutor
+import sys
 
 import numpy as np
 
-from cnnlab.network import (
-    CONV_LAYER_SIZE,
-    CONV_OUT_DIM,
-    FILTER_DIM,
-    INPUT_DIM,
-    OUT_LAYER_SIZE,
-    OUT_NEURON_DIM,
-    Cnn,
-    ImageBatch,
-    OutputBatch,
-    nonfinite_error,
-)
+from cnnlab.cpu.numpy_forward import NumpyForward
+from cnnlab.network import INPUT_DIM, OUT_LAYER_SIZE, Cnn, ImageBatch, OutputBatch, default_threads, nonfinite_error
 
-# Images per numpy pass: small enough that the (25, n, 10, 400) product array stays in cache.
-PASS_IMAGES = 8
-
-
-class Scratch:
-    """The work arrays of one pass over n images, made once and reused, so that a pass allocates
-    nothing (a thread per core allocating and freeing megabytes would grow the allocator's pools)."""
-
-    def __init__(self, n: int) -> None:
-        taps = FILTER_DIM * FILTER_DIM
-        self.taps = np.empty((taps, n, 1, CONV_OUT_DIM * CONV_OUT_DIM))
-        self.products = np.empty((taps, n, CONV_LAYER_SIZE, CONV_OUT_DIM * CONV_OUT_DIM))
-        self.conv = np.empty((n, CONV_LAYER_SIZE, CONV_OUT_DIM * CONV_OUT_DIM))
-        self.negative = np.empty(self.conv.shape, dtype=bool)
-        self.terms = np.empty((OUT_NEURON_DIM, n, OUT_LAYER_SIZE))
-
-
-def forward(
-    images: np.ndarray, filters_by_tap: np.ndarray, weights_by_input: np.ndarray, out: np.ndarray, scratch: Scratch | None = None
-) -> None:
-    """Outputs `out` (n, 10) for images (n, 100, 100); filters (25, 1, 10, 1), weights (4000, 1, 10)."""
-    n = images.shape[0]
-    scratch = scratch or Scratch(n)
-    # taps[i*5+j, b, 0, r*20+c] = images[b, 5r+i, 5c+j]: the 25 terms of each convolution, tap-major.
-    np.copyto(
-        scratch.taps.reshape(FILTER_DIM, FILTER_DIM, n, CONV_OUT_DIM, CONV_OUT_DIM),
-        images.reshape(n, CONV_OUT_DIM, FILTER_DIM, CONV_OUT_DIM, FILTER_DIM).transpose(2, 4, 0, 1, 3),
-    )
-    np.multiply(scratch.taps, filters_by_tap, out=scratch.products)
-    conv = np.sum(scratch.products, axis=0, out=scratch.conv)  # (n, 10, 400)
-    np.less(conv, 0.0, out=scratch.negative)
-    np.copyto(conv, 0.0, where=scratch.negative)  # ReLU, leaving -0.0 as cpu.rs does
-    flattened = conv.reshape(n, OUT_NEURON_DIM).T[:, :, None]  # (4000, n, 1), input-major
-    np.sum(np.multiply(flattened, weights_by_input, out=scratch.terms), axis=0, out=out)
+try:
+    from cnnlab.cpu._forward import Forward
+except ImportError:  # no C++ compiler at install time: numpy, and a note saying why it is slow
+    Forward = None
 
 
 class CpuBackend:
-    """The numpy forward over passes of a batch, spread over a thread per core (numpy frees the GIL)."""
+    """The network on `threads` threads (default: every core this process may run on), a batch per compute() call."""
 
     name = "cpu"
     batch_size = 1024
@@ -73,45 +30,27 @@ class CpuBackend:
 
     def __init__(self, cnn: Cnn, batch_size: int | None = None, threads: int | None = None) -> None:
         self.batch_size = batch_size or self.batch_size
-        self._filters_by_tap = np.ascontiguousarray(
-            cnn.filters.reshape(CONV_LAYER_SIZE, FILTER_DIM * FILTER_DIM).T
-        )[:, None, :, None]
-        self._weights_by_input = np.ascontiguousarray(cnn.weights.T)[:, None, :]
-        threads = threads or os.cpu_count() or 1
-        self.device = f"{platform.machine() or 'cpu'}, {threads} threads"
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="cnnlab-cpu")
-        self._scratch = threading.local()  # each thread's Scratch for each pass size it has met
+        self.threads = threads or default_threads()
+        if Forward is not None:
+            self._forward = Forward(cnn.filters, cnn.weights, self.threads)
+        else:
+            print("cnnlab: note: the native forward is not built (it needs a C++17 compiler at install time); numpy, ~20x slower",
+                  file=sys.stderr)
+            self._forward = NumpyForward(cnn.filters, cnn.weights, self.threads)
+        self.device = f"{platform.machine() or 'cpu'}, {self.threads} threads, {self._forward.isa}"
 
     def allocate_images(self, count: int) -> np.ndarray:
         return np.empty((count, INPUT_DIM, INPUT_DIM))
 
-    def _forward_pass(self, images: np.ndarray, out: np.ndarray, check_finite: bool) -> None:
-        if check_finite and not (np.isfinite(images.min()) and np.isfinite(images.max())):  # two reductions, no temporary
-            raise nonfinite_error("images")
-        by_size = self._scratch.__dict__.setdefault("by_size", {})
-        scratch = by_size.get(len(images))
-        if scratch is None:
-            scratch = by_size[len(images)] = Scratch(len(images))
-        # Values near 1e308 overflow to inf (and inf - inf to nan) as they do on the GPU; the run reports the
-        # first image whose outputs are not finite, in one line, rather than numpy warning here.
-        with np.errstate(over="ignore", invalid="ignore"):  # per thread: this is the pool's thread
-            forward(images, self._filters_by_tap, self._weights_by_input, out, scratch)
-
     def compute(self, batch: ImageBatch, check_finite: bool = False) -> OutputBatch:
-        """The batch's outputs; `check_finite`: an ArrayError where an image holds a NaN or an infinity (checked a
-        pass at a time, on the pass's thread, so the check costs a fraction of the pass)."""
-        images = batch.images
-        outputs = np.empty((len(images), OUT_LAYER_SIZE))
-
-        def forward_pass(start: int) -> None:
-            self._forward_pass(images[start : start + PASS_IMAGES], outputs[start : start + PASS_IMAGES], check_finite)
-
-        for _ in self._pool.map(forward_pass, range(0, len(images), PASS_IMAGES)):
-            pass
+        """The batch's outputs; `check_finite`: an ArrayError where an image holds a NaN or an infinity."""
+        outputs = np.empty((len(batch), OUT_LAYER_SIZE))
+        if self._forward.compute(batch.images, outputs, check_finite) >= 0:
+            raise nonfinite_error("images")
         return OutputBatch(outputs)
 
     def close(self) -> None:
-        self._pool.shutdown()
+        self._forward.close()
 
     def __enter__(self) -> CpuBackend:
         return self

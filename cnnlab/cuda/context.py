@@ -34,7 +34,7 @@ from cnnlab.cuda.launchers import KERNEL_BUILD, DeviceSetup, Launcher
 from cnnlab.cuda.memory import Allocator
 from cnnlab.cuda.nvcc import ensure_modules
 from cnnlab.errors import ArrayError, DeviceError
-from cnnlab.network import INPUT_DIM, OUT_LAYER_SIZE, Cnn, ImageBatch, OutputBatch, TextBatching, require_finite
+from cnnlab.network import INPUT_DIM, OUT_LAYER_SIZE, Cnn, ImageBatch, OutputBatch, TextBatching, default_threads, require_finite
 
 # Images per compute() call from the command line: the run's two page-locked buffers stay at ~330 MB.
 DEFAULT_BATCH_IMAGES = 2048
@@ -60,16 +60,19 @@ class CudaContext:
     name = "cuda"
 
     def __init__(
-        self, cnn: Cnn, batch_size: int | None = None, config: LaunchConfig | None = None, parse_csv: bool = True
+        self, cnn: Cnn, batch_size: int | None = None, config: LaunchConfig | None = None, parse_csv: bool = True,
+        threads: int | None = None,
     ) -> None:
         """Start the driver, load the kernels, put the weights on device 0 and make the lanes.
 
         `batch_size`: images per compute() call from the command line; `config`: how the work is spread;
-        `parse_csv`: whether CSV text is parsed on the device (the command line's cuda mode).
+        `parse_csv`: whether CSV text is parsed on the device (the command line's cuda mode); `threads`: the host
+        threads that read the input (default: every core).
         """
         self.config = config or LaunchConfig()
         self._parse_csv = parse_csv  # CSV input parsed here on the device; False: by the host's reader
         self.batch_size = batch_size or DEFAULT_BATCH_IMAGES
+        self.threads = threads or default_threads()
         self._text_batch = batch_size or DEFAULT_TEXT_BATCH_IMAGES
         self.driver = driver = import_driver()
         self.memory = Allocator(driver)

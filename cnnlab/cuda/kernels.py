@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from cnnlab.network import CONV_LAYER_SIZE, CONV_OUT_DIM, FILTER_DIM, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM
+from cnnlab.network import CONV_OUT_DIM, INPUT_DIM, OUT_LAYER_SIZE, network_sizes
 
 CONV_BANDS_PER_BLOCK = 8  # output rows (bands of 5 input rows) one conv2d_relu thread block handles at a time
 CONV_THREADS = CONV_BANDS_PER_BLOCK * CONV_OUT_DIM  # conv2d_relu's thread-block size: a thread per output column
@@ -24,12 +24,7 @@ BLOCKS_PER_SM = 8  # grid-stride kernels: enough resident thread blocks to hide 
 def kernel_sizes() -> dict[str, int]:
     """Every size kernel.cu uses, by the name nvcc gets it as."""
     return {
-        "INPUT_DIM": INPUT_DIM,
-        "FILTER_DIM": FILTER_DIM,
-        "CONV_LAYER_SIZE": CONV_LAYER_SIZE,
-        "CONV_OUT_DIM": CONV_OUT_DIM,
-        "OUT_NEURON_DIM": OUT_NEURON_DIM,
-        "OUT_LAYER_SIZE": OUT_LAYER_SIZE,
+        **network_sizes(),
         "CONV_BANDS_PER_BLOCK": CONV_BANDS_PER_BLOCK,
         "DENSE_MAX_THREADS": DENSE_MAX_THREADS,
     }

@@ -50,9 +50,10 @@ def is_npy(path: str | os.PathLike) -> bool:
     return Path(path).suffix.lower() == ".npy"
 
 
-def open_images(path: str | os.PathLike, text_memory: TextMemory | None = None) -> ImageReader:
-    """The reader for an input file of either format (CSV text read into `text_memory`'s windows, if given)."""
-    return npy.NpyImageReader(path) if is_npy(path) else labcsv.CsvImageReader(path, memory=text_memory)
+def open_images(path: str | os.PathLike, text_memory: TextMemory | None = None, threads: int | None = None) -> ImageReader:
+    """The reader for an input file of either format, reading on `threads` threads (default: every core), CSV text into
+    `text_memory`'s windows where given."""
+    return npy.NpyImageReader(path, threads) if is_npy(path) else labcsv.CsvImageReader(path, threads, text_memory)
 
 
 def open_outputs(path: str | os.PathLike, count: int) -> OutputWriter:

@@ -28,6 +28,7 @@ from cnnlab.network import (
     OUT_NEURON_DIM,
     Cnn,
     OutputBatch,
+    default_threads,
     unsized_capacity,
 )
 
@@ -148,7 +149,7 @@ class CsvImageReader:
 
     def __init__(self, path: str | os.PathLike, threads: int | None = None, memory: TextMemory | None = None) -> None:
         self.path = path
-        threads = threads or os.cpu_count() or 1
+        threads = threads or default_threads()
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="cnnlab-parse")
         self._file = open_for_reading(path)
         try:

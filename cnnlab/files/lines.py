@@ -1,7 +1,7 @@
 """The lab's CSV text as lines: spans of whole lines in a window of bytes, the summaries that count a window's lines
 as it is read in parts, and the walks that cut a span into pieces of so many rows.
 
-The walking is the native module cnnlab._lab_csv (C++, kernel/lab_csv.h's rules, the GIL released);
+The walking is the native module cnnlab.files._lab_csv (C++, kernel/lab_csv.h's rules, the GIL released);
 where it was not built, the pure-Python twins below follow the same rules, slowly.
 """
 
@@ -15,7 +15,7 @@ from typing import NamedTuple
 import numpy as np
 
 try:
-    import cnnlab._lab_csv as native
+    from cnnlab.files import _lab_csv as native
 except ImportError:  # no C++ compiler at install time: the twins below, and a note saying why it is slow
     native = None
 

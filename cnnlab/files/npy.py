@@ -24,7 +24,7 @@ import numpy as np
 from cnnlab.errors import InputFileError
 from cnnlab.files.safety import AtomicOutput, open_for_reading, reading
 from cnnlab.files.text import READ_BYTES, read_at, wait_readable
-from cnnlab.network import IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OutputBatch, unsized_capacity
+from cnnlab.network import IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OutputBatch, default_threads, unsized_capacity
 
 DTYPE = np.dtype("<f8")
 MAGIC = b"\x93NUMPY"
@@ -83,7 +83,7 @@ class NpyImageReader:
 
     step = 1024  # images per read_into() call that a reader thread makes: 80 MB
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, threads: int | None = None) -> None:
         self.path = path
         self._file = open_for_reading(path)
         try:
@@ -96,7 +96,7 @@ class NpyImageReader:
         self.count = shape[0]
         self.images_read = 0
         self.stop = threading.Event()  # set when the run stops: a read waiting on a pipe gives up
-        self._threads = os.cpu_count() or 1
+        self._threads = threads or default_threads()
         self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="cnnlab-npy")
         self._seekable = stat.S_ISREG(os.fstat(self._file.fileno()).st_mode)
         self.capacity = self.count if self._seekable else unsized_capacity(self.count)  # a file's size was checked against N
