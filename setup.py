@@ -95,8 +95,8 @@ setup(
         Extension(
             "cnnlab.files._lab_csv",
             ["native/lab_csv_module.cpp"],
-            include_dirs=["kernel"],
-            depends=["kernel/lab_csv.h", "kernel/lab_pow5_table.h"],
+            include_dirs=["kernel", "native"],
+            depends=["kernel/lab_csv.h", "kernel/lab_pow5_table.h", "native/pool.h"],
             extra_compile_args=["-O3", "-std=c++17", "-fvisibility=hidden", "-pthread"],
             extra_link_args=["-pthread"],
             language="c++",
@@ -104,7 +104,7 @@ setup(
         Extension(
             "cnnlab.cpu._forward",
             ["native/cpu_forward.cpp"],
-            depends=["native/cpu_forward_kernels.h", "cnnlab/network.py"],
+            depends=["native/cpu_forward_kernels.h", "native/pool.h", "cnnlab/network.py"],
             define_macros=[(name, str(value)) for name, value in network_sizes().items()],
             extra_compile_args=["-O3", "-std=c++17", "-ffp-contract=off", "-fvisibility=hidden", "-pthread", "-Wno-psabi"],
             extra_link_args=["-pthread"],

@@ -73,6 +73,7 @@
 #include <vector>
 
 #include "lab_csv.h"
+#include "pool.h"
 
 namespace {
 
@@ -364,45 +365,15 @@ PyObject *read_summarized(PyObject *, PyObject *args)
     return result;
 }
 
-PyObject *parse_rows(PyObject *, PyObject *args)
+// Parse the non-blank lines of [base + start, base + stop) (whole lines) into values, `width` a row, at most
+// max_rows rows. -1 when every line was good, else the index of the first bad one among the non-blank lines;
+// *needed: the rows the range holds (counted past a bad line, or past max_rows, for the caller's check).
+Py_ssize_t parse_range(const char *base, Py_ssize_t start, Py_ssize_t stop, Py_ssize_t width, double *values, Py_ssize_t max_rows,
+                       Py_ssize_t *needed)
 {
-    PyObject *data_obj, *out_obj;
-    Py_ssize_t start, stop, width;
-    if (!PyArg_ParseTuple(args, "OnnnO:parse_rows", &data_obj, &start, &stop, &width, &out_obj))
-        return nullptr;
-    Buffer data, out;
-    if (!data.get(data_obj, PyBUF_SIMPLE))
-        return nullptr;
-    if (!out.get(out_obj, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS))
-        return nullptr;
-    const char *format = out.view.format ? out.view.format : "B";
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    const bool little_ok = std::strcmp(format, "<d") == 0;
-#else
-    const bool little_ok = false;
-#endif
-    if (out.view.itemsize != 8 ||
-        !(std::strcmp(format, "d") == 0 || std::strcmp(format, "=d") == 0 || std::strcmp(format, "@d") == 0 || little_ok)) {
-        PyErr_Format(PyExc_TypeError, "parse_rows: out must be a float64 buffer, not format '%s'", format);
-        return nullptr;
-    }
-    const Py_ssize_t size = data.view.len, capacity = out.view.len / 8;
-    if (width < 1 || start < 0 || stop < start || stop > size) {
-        PyErr_Format(PyExc_ValueError, "parse_rows: range [%zd, %zd) or width %zd out of range for %zd bytes", start, stop, width,
-                     size);
-        return nullptr;
-    }
-    const char *base = static_cast<const char *>(data.view.buf);
-    if (stop > start && base[stop - 1] != '\n') {
-        PyErr_Format(PyExc_ValueError, "parse_rows: the range [%zd, %zd) does not end at a line end", start, stop);
-        return nullptr;
-    }
-    double *values = static_cast<double *>(out.view.buf);
-    Py_ssize_t row = 0, bad = -1, needed_rows = 0;
-    Py_BEGIN_ALLOW_THREADS
-    const Py_ssize_t max_rows = capacity / width;
     const char *const end = base + stop;
     const char *p = base + start;
+    Py_ssize_t row = 0;
     while (p < end) {
         const char *nl = static_cast<const char *>(std::memchr(p, '\n', end - p));  // found: the range ends with '\n'
         const char *line = p;
@@ -410,18 +381,73 @@ PyObject *parse_rows(PyObject *, PyObject *args)
         if (line == nl || (lab_is_blank_byte((unsigned char)*line) && lab_line_is_blank(line, nl)))
             continue;
         if (row >= max_rows) {
-            needed_rows = row + count_rows(line, end);
-            break;
+            *needed = row + count_rows(line, end);
+            return -1;
         }
         if (!parse_row(line, lab_line_content_end(line, nl), width, values + row * width)) {
-            bad = row;
-            needed_rows = row + count_rows(line, end);
-            break;
+            *needed = row + count_rows(line, end);
+            return row;
         }
         ++row;
     }
-    if (bad < 0 && needed_rows == 0)
-        needed_rows = row;
+    *needed = row;
+    return -1;
+}
+
+// `out` as a writable float64 buffer, or false with a TypeError set.
+bool float64_out(PyObject *out_obj, Buffer *out, const char *function)
+{
+    if (!out->get(out_obj, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS))
+        return false;
+    const char *format = out->view.format ? out->view.format : "B";
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    const bool little_ok = std::strcmp(format, "<d") == 0;
+#else
+    const bool little_ok = false;
+#endif
+    if (out->view.itemsize != 8 ||
+        !(std::strcmp(format, "d") == 0 || std::strcmp(format, "=d") == 0 || std::strcmp(format, "@d") == 0 || little_ok)) {
+        PyErr_Format(PyExc_TypeError, "%s: out must be a float64 buffer, not format '%s'", function, format);
+        return false;
+    }
+    return true;
+}
+
+// Whether [start, stop) is a range of whole lines of `size` bytes at `base`; a ValueError set if not.
+bool whole_lines(const char *base, Py_ssize_t size, Py_ssize_t start, Py_ssize_t stop, const char *function)
+{
+    if (start < 0 || stop < start || stop > size) {
+        PyErr_Format(PyExc_ValueError, "%s: range [%zd, %zd) out of range for %zd bytes", function, start, stop, size);
+        return false;
+    }
+    if (stop > start && base[stop - 1] != '\n') {
+        PyErr_Format(PyExc_ValueError, "%s: the range [%zd, %zd) does not end at a line end", function, start, stop);
+        return false;
+    }
+    return true;
+}
+
+PyObject *parse_rows(PyObject *, PyObject *args)
+{
+    PyObject *data_obj, *out_obj;
+    Py_ssize_t start, stop, width;
+    if (!PyArg_ParseTuple(args, "OnnnO:parse_rows", &data_obj, &start, &stop, &width, &out_obj))
+        return nullptr;
+    Buffer data, out;
+    if (!data.get(data_obj, PyBUF_SIMPLE) || !float64_out(out_obj, &out, "parse_rows"))
+        return nullptr;
+    const char *base = static_cast<const char *>(data.view.buf);
+    if (width < 1) {
+        PyErr_Format(PyExc_ValueError, "parse_rows: width %zd out of range", width);
+        return nullptr;
+    }
+    if (!whole_lines(base, data.view.len, start, stop, "parse_rows"))
+        return nullptr;
+    const Py_ssize_t capacity = out.view.len / 8;
+    double *values = static_cast<double *>(out.view.buf);
+    Py_ssize_t bad, needed_rows;
+    Py_BEGIN_ALLOW_THREADS
+    bad = parse_range(base, start, stop, width, values, capacity / width, &needed_rows);
     Py_END_ALLOW_THREADS
     if (needed_rows > capacity / width) {
         PyErr_Format(PyExc_ValueError, "parse_rows: out holds %zd values, the range's %zd non-blank lines need %zd", capacity,
@@ -429,6 +455,120 @@ PyObject *parse_rows(PyObject *, PyObject *args)
         return nullptr;
     }
     return PyLong_FromSsize_t(bad);
+}
+
+// A pool of threads that parse_pieces runs on (pool.h), as a Python object a reader keeps for its life.
+struct PoolObject {
+    PyObject_HEAD
+    cnnlab::Pool *pool;
+};
+
+int Pool_init(PoolObject *self, PyObject *args, PyObject *)
+{
+    int threads;
+    if (!PyArg_ParseTuple(args, "i:Pool", &threads))
+        return -1;
+    if (threads < 1) {
+        PyErr_Format(PyExc_ValueError, "Pool: threads must be at least 1, not %d", threads);
+        return -1;
+    }
+    if (!self->pool)
+        self->pool = new (std::nothrow) cnnlab::Pool(threads);
+    return self->pool ? 0 : (PyErr_NoMemory(), -1);
+}
+
+void Pool_stop(PoolObject *self)
+{
+    if (self->pool) {
+        Py_BEGIN_ALLOW_THREADS
+        self->pool->stop();
+        Py_END_ALLOW_THREADS
+        delete self->pool;
+        self->pool = nullptr;
+    }
+}
+
+void Pool_dealloc(PoolObject *self)
+{
+    Pool_stop(self);
+    Py_TYPE(self)->tp_free(reinterpret_cast<PyObject *>(self));
+}
+
+PyObject *Pool_close(PoolObject *self, PyObject *)
+{
+    Pool_stop(self);
+    Py_RETURN_NONE;
+}
+
+PyMethodDef Pool_methods[] = {
+    {"close", reinterpret_cast<PyCFunction>(Pool_close), METH_NOARGS, "close()\n\nStop the threads."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyTypeObject PoolType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+PyObject *parse_pieces(PyObject *, PyObject *args)
+{
+    PyObject *pool_obj, *data_obj, *pieces_obj, *out_obj;
+    Py_ssize_t width;
+    if (!PyArg_ParseTuple(args, "O!OOnO:parse_pieces", &PoolType, &pool_obj, &data_obj, &pieces_obj, &width, &out_obj))
+        return nullptr;
+    cnnlab::Pool *pool = reinterpret_cast<PoolObject *>(pool_obj)->pool;
+    if (!pool) {
+        PyErr_SetString(PyExc_ValueError, "parse_pieces: the pool is closed");
+        return nullptr;
+    }
+    Buffer data, pieces, out;
+    if (!data.get(data_obj, PyBUF_SIMPLE) || !float64_out(out_obj, &out, "parse_pieces") ||
+        !pieces.get(pieces_obj, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS))
+        return nullptr;
+    const char *piece_format = pieces.view.format ? pieces.view.format : "B";
+    if (pieces.view.itemsize != 8 || pieces.view.len % 24 || !(std::strchr("qlLQ", piece_format[std::strlen(piece_format) - 1]))) {
+        PyErr_SetString(PyExc_TypeError, "parse_pieces: pieces must be a C-contiguous int64 array of (start, end, first row) triples");
+        return nullptr;
+    }
+    const char *base = static_cast<const char *>(data.view.buf);
+    const long long *bounds = static_cast<const long long *>(pieces.view.buf);
+    const Py_ssize_t count = pieces.view.len / 24, rows = out.view.len / 8 / std::max<Py_ssize_t>(width, 1);
+    if (width < 1) {
+        PyErr_Format(PyExc_ValueError, "parse_pieces: width %zd out of range", width);
+        return nullptr;
+    }
+    for (Py_ssize_t i = 0; i < count; ++i) {
+        const long long next_row = i + 1 < count ? bounds[3 * i + 5] : rows;
+        if (!whole_lines(base, data.view.len, bounds[3 * i], bounds[3 * i + 1], "parse_pieces"))
+            return nullptr;
+        if (bounds[3 * i + 2] < 0 || next_row < bounds[3 * i + 2] || next_row > rows) {
+            PyErr_Format(PyExc_ValueError, "parse_pieces: piece %zd's rows [%lld, %lld) are not within out's %zd", i, bounds[3 * i + 2],
+                         next_row, rows);
+            return nullptr;
+        }
+    }
+    double *values = static_cast<double *>(out.view.buf);
+    std::atomic<Py_ssize_t> next{0}, first_bad{count}, overfull{-1};
+    Py_BEGIN_ALLOW_THREADS
+    pool->run(
+        [&](int) {
+            for (Py_ssize_t i; (i = next.fetch_add(1)) < count;) {
+                const long long first = bounds[3 * i + 2], room = (i + 1 < count ? bounds[3 * i + 5] : rows) - first;
+                Py_ssize_t needed;
+                const Py_ssize_t bad = parse_range(base, bounds[3 * i], bounds[3 * i + 1], width, values + first * width, room, &needed);
+                if (needed > room)
+                    overfull = i;
+                if (bad >= 0) {
+                    Py_ssize_t seen = first_bad.load();
+                    while (i < seen && !first_bad.compare_exchange_weak(seen, i)) {
+                    }
+                }
+            }
+        },
+        static_cast<int>(std::min<Py_ssize_t>(count, pool->threads())));
+    Py_END_ALLOW_THREADS
+    if (overfull.load() >= 0) {
+        PyErr_Format(PyExc_ValueError, "parse_pieces: piece %zd holds more rows than its room in out", overfull.load());
+        return nullptr;
+    }
+    return PyLong_FromSsize_t(first_bad.load() < count ? first_bad.load() : -1);
 }
 
 // repr(value) into out (at least 32 bytes); the end. Python's 'r' format: the shortest round-trip
@@ -556,6 +696,10 @@ PyMethodDef methods[] = {
      "parse_rows(data, start, end, width, out) -> int\n\n"
      "Parse the non-blank lines of data[start:end] as `width` numbers each into the float64 buffer\n"
      "`out`; -1 if all were good, else the index among the non-blank lines of the first bad one."},
+    {"parse_pieces", parse_pieces, METH_VARARGS,
+     "parse_pieces(pool, data, pieces, width, out) -> int\n\n"
+     "parse_rows for every piece of `pieces` (an int64 array of (start, end, first row) triples; a piece's rows run to the next\n"
+     "piece's first row, the last's to the end of `out`), on the pool's threads; -1 if all were good, else the first bad piece."},
     {"format_rows", format_rows, METH_O,
      "format_rows(values) -> str\n\n"
      "A C-contiguous 2-D float64 array as CSV lines, each value as repr() writes it."},
@@ -576,9 +720,25 @@ PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__lab_csv(void)
 {
+    PoolType.tp_name = "cnnlab.files._lab_csv.Pool";
+    PoolType.tp_basicsize = sizeof(PoolObject);
+    PoolType.tp_flags = Py_TPFLAGS_DEFAULT;
+    PoolType.tp_doc = "Pool(threads): threads that parse_pieces runs on (the caller's among them).";
+    PoolType.tp_new = PyType_GenericNew;
+    PoolType.tp_init = reinterpret_cast<initproc>(Pool_init);
+    PoolType.tp_dealloc = reinterpret_cast<destructor>(Pool_dealloc);
+    PoolType.tp_methods = Pool_methods;
+    if (PyType_Ready(&PoolType) < 0)
+        return nullptr;
     PyObject *m = PyModule_Create(&module);
     if (!m)
         return nullptr;
+    Py_INCREF(&PoolType);
+    if (PyModule_AddObject(m, "Pool", reinterpret_cast<PyObject *>(&PoolType)) < 0) {
+        Py_DECREF(&PoolType);
+        Py_DECREF(m);
+        return nullptr;
+    }
     if (PyModule_AddIntConstant(m, "FIELD_OK", LAB_FIELD_OK) < 0 || PyModule_AddIntConstant(m, "FIELD_HOST", LAB_FIELD_HOST) < 0 ||
         PyModule_AddIntConstant(m, "FIELD_BAD", LAB_FIELD_BAD) < 0) {
         Py_DECREF(m);

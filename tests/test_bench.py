@@ -13,15 +13,27 @@ from helpers import ROOT, SUBPROCESS_ENV, assert_one_line_error, cnnlab
 from cnnlab.bench.report import BenchOptions, BenchReport, Figure, format_table, ratios
 
 
-def test_bench_cpu_row_table_and_json(tmp_path: Path) -> None:
-    result = cnnlab("bench", "--rows", "cpu", "--cpu-images", "32", "--repeats", "2", "--json", tmp_path / "b.json")
+def test_bench_cpu_rows_against_the_memory_bound_and_the_peers(tmp_path: Path) -> None:
+    """The forward, the plain loop and numpy on the same images and threads, each a share of reading the images once;
+    the peers' outputs checked against the forward's (PyTorch's too where it is installed)."""
+    result = cnnlab("bench", "--rows", "cpu", "--cpu-images", "32", "--repeats", "2", "--threads", "2", "--json", tmp_path / "b.json")
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "b.json").read_text())
-    [figure] = report["figures"]
-    assert figure["row"] == "cpu" and figure["images_per_second"] > 0
-    assert report["options"]["cpu_images"] == 32 and report["numpy"]
-    line = next(line for line in result.stdout.splitlines() if line.startswith("cpu: numpy forward"))
-    assert float(line.split()[-3].replace(",", "")) == pytest.approx(figure["images_per_second"], rel=1e-6, abs=1)
+    assert report["options"]["cpu_images"] == 32 and report["options"]["threads"] == 2 and report["numpy"]
+    bound, forward, plain, numpy, *torch = report["figures"]
+    assert bound["key"] == "memory" and bound["name"].startswith("bound: memory")
+    assert forward["name"].startswith("cpu: forward (") and ", 2 threads, " in forward["name"]
+    assert plain["name"].startswith("peer: plain C++ loop") and numpy["name"].startswith("peer: numpy forward")
+    assert plain["check"] == numpy["check"] == "bit-exact"
+    assert all(figure["name"].startswith("peer: torch") and figure["check"] == "within rule" for figure in torch)
+    for figure in (forward, plain, numpy, *torch):
+        assert figure["bound"] == "memory" and figure["images_per_second"] > 0
+        assert figure["of_bound"] == pytest.approx(figure["images_per_second"] / bound["images_per_second"])
+    line = next(line for line in result.stdout.splitlines() if line.startswith("cpu: forward"))
+    assert float(line.split()[-5].replace(",", "")) == pytest.approx(forward["images_per_second"], rel=1e-6, abs=1)  # then "x% of memory -"
+    multiple = forward["images_per_second"] / plain["images_per_second"]
+    assert f"cpu: the forward is {multiple:.1f}x plain C++ loop" in result.stdout
+    assert torch or "note: peer torch not run: not installed" in result.stdout
 
 
 def test_bench_reader_rows_are_measured_against_loadtxt(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -51,7 +52,9 @@ def test_values_the_fast_parser_declines_still_convert_exactly(
     """The value-by-value path (taken where the fast one declines a block) gives the same doubles."""
     images = awkward_values(rng, (2, 100, 100))
     _, path = write_files(tmp_path, random_cnn(rng), images)
-    declining = type("Declining", (), {"parse_rows": staticmethod(lambda *args: 0)})  # "row 0 is not plainly valid"
+    declining = SimpleNamespace(  # "row 0 of every piece is not plainly valid"
+        Pool=lambda threads: SimpleNamespace(close=lambda: None), parse_pieces=lambda *args: 0, parse_rows=lambda *args: 0
+    )
     monkeypatch.setattr(csv_files, "native", declining)
     assert (read_all_images(path).view(np.int64) == images.view(np.int64)).all()
 

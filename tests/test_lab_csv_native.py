@@ -520,6 +520,36 @@ def test_threads_release_the_gil_and_agree(rng: np.random.Generator) -> None:
     assert np.array_equal(bits(out), bits(values.reshape(-1)))
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+def test_parse_pieces_is_parse_rows_piece_by_piece_on_a_pool(rng: np.random.Generator, threads: int) -> None:
+    """Pieces of whole lines (blank ones and CRLF among them) parsed on the pool's threads land at their first rows;
+    the first bad piece in file order is the one named, whatever thread reaches it first."""
+    values = rng.uniform(-10, 10, (900, 7))
+    ends = ["\r\n", "\n", "\n\n", "\n \t\n"]
+    lines = [",".join(map(repr, row)) + ends[i % 4] for i, row in enumerate(values.tolist())]
+    cuts = sorted(rng.choice(np.arange(1, 900), 40, replace=False))
+
+    def pieces(lines: list[str]) -> tuple[bytes, np.ndarray]:
+        starts = [len("".join(lines[:cut]).encode()) for cut in (0, *cuts, len(lines))]
+        return "".join(lines).encode(), np.array([(a, b, row) for a, b, row in zip(starts, starts[1:], (0, *cuts))], np.int64)
+
+    text, bounds = pieces(lines)
+    pool = native.Pool(threads)
+    out = np.full(values.size, np.nan)
+    assert native.parse_pieces(pool, text, bounds, 7, out) == -1
+    assert np.array_equal(bits(out), bits(values.reshape(-1)))
+    broken = list(lines)
+    broken[cuts[10]], broken[cuts[30] + 1] = "x,1,2,3,4,5,6\n", "1,2\n"  # the first lines of pieces 11 and 31 are bad
+    assert native.parse_pieces(pool, *pieces(broken), 7, np.empty(values.size)) == 11
+    with pytest.raises(ValueError, match="does not end at a line end"):
+        native.parse_pieces(pool, text, np.array([(0, 5, 0)], np.int64), 7, out)
+    with pytest.raises(ValueError, match="more rows than its room"):
+        native.parse_pieces(pool, text, bounds[:1], 7, np.empty(7 * (cuts[0] - 1)))
+    pool.close()
+    with pytest.raises(ValueError, match="closed"):
+        native.parse_pieces(pool, text, bounds, 7, out)
+
+
 # Text read in parts on several threads is cut from the parts' summaries: the same pieces one thread's walk gives.
 
 

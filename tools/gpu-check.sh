@@ -16,7 +16,11 @@
 #   failrate  100,000 images: how many outputs fail the lab's comparison, cuda against cpu
 #   long      200,000 images from .npy through cuda: a long run's wall time, rate and memory
 #   crossover cpu against cuda on CSV files of 4 to 3,000 images: from how many images the GPU pays off
-#   parsers   the native CSV parser on 1..16 threads (MB/s) and csv.cu's kernels (GB/s of text), 1,000 images
+#   parsers   the native CSV parser on 1..16 threads (MB/s) and csv.cu's kernels (GB/s of text), 1,000 images; each stage
+#             of cpu mode's CSV reading alone on 1..16 threads (tools/profile_cpu_csv.py, 2,000 images)
+#   cpu       cnnlab bench's cpu and reader rows on every core and on one: the forward against the memory bound, the
+#             plain loop, numpy and PyTorch on the CPU; the CSV reader against numpy.loadtxt and Polars
+#   cpujob    30,000 CSV images (5.6 GB, page cache): cnnlab cpu's wall time, three runs, against cuda's, outputs compared
 #   sweep     the page-locked row against the copy bound for a few chunk sizes and stream counts
 #   api       the Python API's tests (PyTorch and CuPy device arrays, out=), its device-array rate, and a wheel
 #             built here, installed into a fresh virtual environment with nvcc off the PATH, running cuda mode
@@ -40,6 +44,7 @@ unset PYTHONDONTWRITEBYTECODE
 export PYTHONPYCACHEPREFIX=$WORK/pycache
 stages=${*:-tests bench bar startup npy memory failrate long ladder}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
+{ nproc; lscpu | grep -E "Model name|^CPU\(s\)|Thread|Core|Socket|MHz|L2|L3|NUMA node\(s\)|Flags" | cut -c1-200; free -g | head -2; } | tee -a "$OUT/device.txt"
 python3 setup.py -q build_ext --inplace 2>&1 | tail -3 || exit 2
 python3 build.py --force || exit 2
 cnnlab() { python3 -m cnnlab "$@"; }
@@ -132,7 +137,30 @@ for stage in $stages; do
     parsers)
       python3 tools/bench_lab_csv.py --images 1000 --dir "$WORK/parsers" --threads 1 2 4 8 16 2>&1 | tee "$OUT/parsers.log" || status=1
       python3 tools/bench_csv_gpu.py "$WORK/parsers/in.csv" 2>&1 | tee -a "$OUT/parsers.log" || status=1
-      rm -rf "$WORK/parsers" ;;
+      cnnlab generate --images 2000 --seed 459 --out-dir "$WORK/parsers2k" >/dev/null
+      python3 tools/profile_cpu_csv.py "$WORK/parsers2k/in.csv" --threads 1 2 4 8 16 2>&1 | tee -a "$OUT/parsers.log" || status=1
+      rm -rf "$WORK/parsers" "$WORK/parsers2k" ;;
+    cpu)
+      for threads in $(nproc) 1; do
+        cnnlab bench --rows cpu,reader --threads "$threads" --json "$OUT/cpu_$threads.json" 2>&1 | tee -a "$OUT/cpu.log" || status=1
+      done ;;
+    cpujob)
+      cnnlab generate --images 10000 --seed 459 --out-dir "$WORK/job"
+      (echo 30000; for _ in 1 2 3; do tail -n +2 "$WORK/job/in.csv"; done) > "$WORK/job/in30k.csv"
+      cat "$WORK/job/in30k.csv" > /dev/null  # in the page cache
+      {
+        ls -l "$WORK/job/in30k.csv"
+        for run in 1 2 3; do
+          timed "cpu, 30,000 CSV images, run $run" python3 -m cnnlab cpu "$WORK/job/cnn.csv" "$WORK/job/in30k.csv" "$WORK/job/out_cpu.csv" \
+            --timing-json "$OUT/job_cpu_$run.json"
+          python3 -c "import json, sys; f = json.load(open(sys.argv[1])); print('  loop', round(f['loop_seconds'], 3), 's; start-up', f['startup_seconds'], '; work', round(f['work_seconds'], 3))" "$OUT/job_cpu_$run.json"
+        done
+        for run in 1 2; do
+          timed "cuda, 30,000 CSV images, run $run" python3 -m cnnlab cuda "$WORK/job/cnn.csv" "$WORK/job/in30k.csv" "$WORK/job/out_cuda.csv"
+        done
+        cnnlab compare "$WORK/job/out_cpu.csv" "$WORK/job/out_cuda.csv"
+      } 2>&1 | tee "$OUT/cpujob.log" || status=1
+      rm -rf "$WORK/job" ;;
     sweep)
       for config in "512 3" "2048 3" "512 3" "2048 3" "1024 3" "2048 4"; do
         set -- $config

@@ -1,5 +1,5 @@
-"""The network written in the frameworks cnnlab's users know, float64 on the GPU, as `cnnlab bench`'s
-peers, each configured as its users would configure it:
+"""The network written in the frameworks cnnlab's users know, float64, as `cnnlab bench`'s peers: on the GPU
+against the ladder, and PyTorch on the CPU against the cpu row; each configured as its users would configure it:
 
 - PyTorch eager, `conv2d` with stride 5, ReLU, a matrix product;
 - PyTorch, im2col + two GEMMs: the patches are a reshape (stride = filter size), so the conv is a
@@ -8,12 +8,13 @@ peers, each configured as its users would configure it:
 - that same function under `torch.compile(mode="max-autotune-no-cudagraphs")` ("compiled");
 - JAX `jit`, with x64 enabled, the conv as an einsum over the reshaped images.
 
-Run as `python -m cnnlab.bench.peers FRAMEWORK --images N --repeats R [--seed S]`: one JSON object a line on
-stdout, a `PeerResult`. `cnnlab bench` runs each framework in a subprocess of its own, so that
-neither JAX's nor PyTorch's allocator and compiler share a process with PyCUDA or each other, and a
-framework that is missing or fails is a skipped row with its reason, not a failed bench.
+Run as `python -m cnnlab.bench.peers FRAMEWORK [--device cpu] [--threads T] --images N --repeats R [--seed S]`:
+one JSON object a line on stdout, a `PeerResult`. `cnnlab bench` runs each framework in a subprocess of its
+own (run_peers), so that neither JAX's nor PyTorch's allocator, compiler and thread pool share a process
+with PyCUDA, cnnlab's threads or each other, and a framework that is missing or fails is a skipped row
+with its reason, not a failed bench.
 
-Every peer is timed on images resident on the device (a warm-up first, so compiling is not timed),
+Every peer is timed on images resident on its device (a warm-up first, so compiling is not timed),
 median of the repeats, and its outputs are checked against the CPU backend under the lab's rule.
 """
 
@@ -23,6 +24,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -30,13 +32,26 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from cnnlab.bench.report import Figure
 from cnnlab.compare import rule_verdict
 from cnnlab.cpu.backend import CpuBackend
 from cnnlab.generate import random_values
-from cnnlab.network import CONV_LAYER_SIZE, CONV_OUT_DIM, FILTER_DIM, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM, Cnn, ImageBatch
+from cnnlab.network import (
+    CONV_LAYER_SIZE,
+    CONV_OUT_DIM,
+    FILTER_DIM,
+    FLOPS_PER_IMAGE,
+    INPUT_DIM,
+    OUT_LAYER_SIZE,
+    OUT_NEURON_DIM,
+    Cnn,
+    ImageBatch,
+    default_threads,
+)
 
 FRAMEWORKS = ("torch", "jax")
 CHECK_IMAGES = 256  # images whose outputs are compared with the CPU's
+PEER_SECONDS = 420  # a framework's import, compiles and timing; past that it is reported as not run
 
 
 @dataclass(frozen=True)
@@ -55,12 +70,14 @@ def _result(name: str, rates: list[float], outputs: np.ndarray, want: np.ndarray
     return PeerResult(name, statistics.median(rates), min(rates), max(rates), rule_verdict(outputs[: len(want)], want))
 
 
-def torch_peers(images: np.ndarray, cnn: Cnn, want: np.ndarray, repeats: int) -> list[PeerResult]:
+def torch_peers(images: np.ndarray, cnn: Cnn, want: np.ndarray, repeats: int, on: str, threads: int) -> list[PeerResult]:
+    """PyTorch's three forms on `on` ("cuda", or "cpu" on `threads` threads)."""
     import torch
 
-    if not torch.cuda.is_available():
+    if on == "cuda" and not torch.cuda.is_available():
         return [PeerResult("pytorch", skipped="torch sees no CUDA device")]
-    device = torch.device("cuda")
+    torch.set_num_threads(threads)
+    device = torch.device(on)
     x = torch.from_numpy(images).to(device)
     filters = torch.from_numpy(cnn.filters).to(device)
     weights = torch.from_numpy(cnn.weights).to(device)
@@ -78,11 +95,25 @@ def torch_peers(images: np.ndarray, cnn: Cnn, want: np.ndarray, repeats: int) ->
         conv = torch.relu(patches.reshape(-1, FILTER_DIM * FILTER_DIM) @ filter_matrix)
         return conv.reshape(-1, OUT_NEURON_DIM) @ patch_weights
 
+    def seconds(forward: Callable[[torch.Tensor], torch.Tensor]) -> tuple[float, torch.Tensor]:
+        """One call's seconds: CUDA events on the GPU, the host's clock on the CPU (where a call returns done)."""
+        if on == "cpu":
+            start = time.perf_counter()
+            outputs = forward(x)
+            return time.perf_counter() - start, outputs
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        outputs = forward(x)
+        end.record()
+        end.synchronize()
+        return begin.elapsed_time(end) / 1e3, outputs
+
     version = torch.__version__.split("+")[0]
+    where = f"{on}, {threads} threads" if on == "cpu" else on
     peers: list[tuple[str, Callable[[torch.Tensor], torch.Tensor]]] = [
-        (f"torch {version} eager conv2d", eager),
-        (f"torch {version} im2col + 2 GEMMs", gemms),
-        (f"torch {version} compiled im2col + 2 GEMMs", torch.compile(gemms, mode="max-autotune-no-cudagraphs")),
+        (f"torch {version} eager conv2d ({where})", eager),
+        (f"torch {version} im2col + 2 GEMMs ({where})", gemms),
+        (f"torch {version} compiled im2col + 2 GEMMs ({where})", torch.compile(gemms, mode="max-autotune-no-cudagraphs")),
     ]
     results = []
     with torch.no_grad():
@@ -90,14 +121,10 @@ def torch_peers(images: np.ndarray, cnn: Cnn, want: np.ndarray, repeats: int) ->
             try:
                 for _ in range(2):  # the first call compiles where there is anything to compile
                     outputs = forward(x)
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 rates = []
                 for _ in range(repeats):
-                    start.record()
-                    outputs = forward(x)
-                    end.record()
-                    end.synchronize()
-                    rates.append(len(images) / (start.elapsed_time(end) / 1e3))
+                    elapsed, outputs = seconds(forward)
+                    rates.append(len(images) / elapsed)
                 results.append(_result(name, rates, outputs.cpu().numpy(), want))
             except Exception as error:  # a peer that fails is reported, not fatal to the others
                 results.append(PeerResult(name, skipped=f"{type(error).__name__}: {' '.join(str(error).split())[:200]}"))
@@ -129,9 +156,45 @@ def jax_peers(images: np.ndarray, cnn: Cnn, want: np.ndarray, repeats: int) -> l
     return [_result(f"jax {jax.__version__} jit (x64)", rates, np.asarray(outputs), want)]
 
 
+def run_peers(
+    frameworks: Sequence[str], row: str, bound: str, images: int, repeats: int, seed: int | None, on: str = "cuda",
+    threads: int | None = None, bytes_per_image: float | None = None,
+) -> tuple[list[Figure], list[str]]:
+    """Each framework's peers in a subprocess of its own, on `images` images on `on`: a figure of `row` (a share of
+    `bound`) for each that ran, and a note for each that did not, saying why."""
+    figures, notes = [], []
+    environment = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    command = ["--images", str(images), "--repeats", str(repeats), "--device", on, "--threads", str(threads or default_threads())]
+    for framework in frameworks:
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "cnnlab.bench.peers", framework, *command, *([] if seed is None else ["--seed", str(seed)])],
+                capture_output=True, text=True, timeout=PEER_SECONDS, env=environment,
+            )
+        except subprocess.TimeoutExpired:
+            notes.append(f"peer {framework} not run: it took more than {PEER_SECONDS} s")
+            continue
+        results = [PeerResult(**json.loads(line)) for line in done.stdout.splitlines() if line.startswith("{")]
+        if done.returncode != 0 or not results:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            notes.append(f"peer {framework} not run: exit status {done.returncode}: {last[:200]}")
+        for result in results:
+            if result.skipped is not None or result.images_per_second is None:
+                notes.append(f"peer {result.name} not run: {result.skipped}")
+            else:
+                spread = (result.slowest, result.fastest) if result.slowest and result.fastest else None
+                figures.append(Figure(
+                    row, f"peer: {result.name}", result.images_per_second, bound, bytes_per_image=bytes_per_image,
+                    flops_per_image=FLOPS_PER_IMAGE, spread=spread, check=result.check,
+                ))
+    return figures, notes
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cnnlab.bench.peers", description="Time the network in one framework (JSON lines out).")
     parser.add_argument("framework", choices=FRAMEWORKS)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="where the framework runs (jax: cuda only)")
+    parser.add_argument("--threads", type=int, default=default_threads(), help="CPU threads, on the CPU")
     parser.add_argument("--images", type=int, default=65536)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seed", type=int)
@@ -142,7 +205,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     with CpuBackend(cnn) as cpu:
         want = cpu.compute(ImageBatch(images[:CHECK_IMAGES])).values
     try:
-        results = (torch_peers if args.framework == "torch" else jax_peers)(images, cnn, want, args.repeats)
+        if args.framework == "torch":
+            results = torch_peers(images, cnn, want, args.repeats, args.device, args.threads)
+        else:
+            results = jax_peers(images, cnn, want, args.repeats)
     except ImportError as error:
         results = [PeerResult(args.framework, skipped=f"not installed ({error})")]
     for result in results:

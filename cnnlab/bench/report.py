@@ -52,7 +52,7 @@ class Figure:
 @dataclass
 class BenchOptions:
     images: int = 65536
-    cpu_images: int = 2048
+    cpu_images: int = 16384
     lab_images: int = 2000
     reader_images: int = 500
     csv_images: int = 2000
@@ -62,6 +62,7 @@ class BenchOptions:
     chunk_images: int | None = None  # the CUDA context's chunk and stream count; None: LaunchConfig's
     streams: int | None = None
     check_images: int = 256  # images whose outputs each rung of the ladder is checked on against the CPU
+    threads: int | None = None  # host threads of the cpu and reader rows; None: every core this process may run on
 
 
 @dataclass
@@ -139,8 +140,8 @@ def format_table(report: BenchReport) -> str:
         lines.append(f"{row['name'][:66]:<66} {rate:>10} {row['images_per_second']:>14,.0f} {relative_text(row):>17} {of_lab:>8}")
     if any(figure.bound for figure in report.figures):
         lines.append(
-            "relative to: a share of the bound the row names (h2d, d2d: the copy bounds; read, h2d-text: the CSV bounds), "
-            "or a multiple of a reference (loadtxt: numpy.loadtxt on the same file)"
+            "relative to: a share of the bound the row names (memory: reading the images once; h2d, d2d: the copy bounds; "
+            "read, h2d-text: the CSV bounds), or a multiple of a reference (loadtxt: numpy.loadtxt on the same file)"
         )
     if any(row["row"] in LADDER_ROWS for row in rows):
         lines += ["", format_ladder(report)]

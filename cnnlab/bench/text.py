@@ -24,6 +24,7 @@ def bench_reader(options: BenchOptions, seed: int | None) -> list[Figure]:
         _, path = generate(folder, options.reader_images, seed)
         size = path.stat().st_size
         image_bytes = size / options.reader_images
+        threads = options.threads or default_threads()
 
         def read(threads: int | None) -> None:
             with CsvImageReader(path, threads) as reader:
@@ -34,14 +35,14 @@ def bench_reader(options: BenchOptions, seed: int | None) -> list[Figure]:
         repeats = min(options.repeats, 3)
         loadtxt, one, every = (
             median_rate(options.reader_images, run, repeats)
-            for run in (lambda: np.loadtxt(path, delimiter=",", skiprows=1), partial(read, 1), partial(read, None))
+            for run in (lambda: np.loadtxt(path, delimiter=",", skiprows=1), partial(read, 1), partial(read, threads))
         )
         peer = _polars_rate(path, options.reader_images, repeats)
     text = {"bytes_per_image": image_bytes}
     figures = [
         Figure("reader", "reference: numpy.loadtxt (one thread)", loadtxt, key="loadtxt", **text),
         Figure("reader", "cnnlab CSV reader, one parse thread", one, "loadtxt", **text),
-        Figure("reader", f"cnnlab CSV reader, {default_threads()} parse threads", every, "loadtxt", **text),
+        Figure("reader", f"cnnlab CSV reader, {threads} parse threads", every, "loadtxt", **text),
     ]
     if peer is not None:
         figures.append(Figure("reader", f"peer: polars {peer[0]} read_csv, whole file, every thread", peer[1], "loadtxt", **text))
@@ -73,7 +74,7 @@ def bench_csv(cnn: Cnn, options: BenchOptions, seed: int | None) -> list[Figure]
     from cnnlab.generate import generate
     from cnnlab.run import run_network
 
-    threads = default_threads()
+    threads = options.threads or default_threads()
     repeats = min(options.repeats, 3)
     with tempfile.TemporaryDirectory() as folder:
         _, path = generate(folder, options.csv_images, seed)

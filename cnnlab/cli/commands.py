@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import TextIO
 
 from cnnlab import interrupts
-from cnnlab.cuda.ladder import DEFAULT_KERNEL
 from cnnlab.errors import STANDARD_STREAM, OutputFileError, UsageError, shown
 from cnnlab.files.formats import trailing_data_note
 from cnnlab.files.labcsv import read_cnn
@@ -36,7 +35,7 @@ def make_backend(
 
         return CpuBackend(cnn, batch_size, threads)
     from cnnlab.cuda.context import CudaContext
-    from cnnlab.cuda.ladder import LaunchConfig
+    from cnnlab.cuda.ladder import DEFAULT_KERNEL, LaunchConfig
 
     return CudaContext(cnn, batch_size, LaunchConfig(kernel=kernel or DEFAULT_KERNEL), parse_csv=not host_parse, threads=threads)
 
@@ -153,6 +152,7 @@ def bench(args: argparse.Namespace) -> int:
         sweep,
         args.chunk_images,
         args.streams,
+        threads=args.threads,
     )
     report = run_bench(options, args.seed)
     say(format_table(report))

@@ -24,7 +24,8 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         interrupts.install()
-        args = build_parser().parse_args(argv)
+        argv = sys.argv[1:] if argv is None else list(argv)
+        args = build_parser(next((arg for arg in argv if not arg.startswith("-")), None)).parse_args(argv)
         interrupts.raise_if_received()  # a signal swallowed while the modules were imported still stops the run
         status = args.handler(args)
         flush_stdout()

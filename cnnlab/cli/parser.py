@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TextIO
+from functools import partial
+from typing import Any, TextIO
 
 from cnnlab import __version__
 from cnnlab.cli import commands
-from cnnlab.cuda.ladder import BY_NAME, DEFAULT_KERNEL
 from cnnlab.errors import UsageError
 
 
@@ -54,61 +54,96 @@ def _nonnegative_float(text: str) -> float:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from cnnlab.compare import DEFAULT_ABS_TOL, DEFAULT_REL_TOL
-    from cnnlab.generate import DEFAULT_IMAGES
+# Each command, what `cnnlab --help` says of it, and what adds its arguments (importing only what they need).
+HELP = {
+    "cpu": "run the network on the CPU",
+    "cuda": "run the network with CUDA kernels on the GPU",
+    "generate": "write a random CNN file and input file",
+    "convert": "convert an input or output file between CSV and .npy, exactly",
+    "compare": "check two output files agree (the lab's compare.py)",
+    "bench": "measure every path in images/s against the hardware's bounds",
+}
 
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser; given the `command` that runs, only its arguments are added (the others are named,
+    for --help and for a mistyped command), so that a run imports nothing another command needs."""
     parser = _Parser(prog="cnnlab", description="The ECE 459 Lab 3 CNN: a batched float64 forward on the CPU or a GPU.")
     parser.add_argument("--version", action="version", version=f"cnnlab {__version__}")
     subcommands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for mode, where in (("cpu", "numpy on the CPU"), ("cuda", "CUDA kernels on the GPU")):
-        run = subcommands.add_parser(
-            mode,
-            help=f"run the network with {where}",
-            description=f"Run the network with {where}: the lab's `{mode} CNN_FILE INPUT_FILE OUTPUT_FILE`. "
-            f"With no files: the default data, written to {commands.DEFAULT_OUTPUTS[mode]}. stdout gets the lab's "
-            "line 'N microseconds of actual work done'.",
+    builders = {
+        "cpu": partial(_add_run, mode="cpu"),
+        "cuda": partial(_add_run, mode="cuda"),
+        "generate": _add_generate,
+        "convert": _add_convert,
+        "compare": _add_compare,
+        "bench": _add_bench,
+    }
+    for name, add in builders.items():
+        if command in (None, name) or command not in builders:
+            add(subcommands)
+        else:
+            subcommands.add_parser(name, help=HELP[name])
+    return parser
+
+
+def _add_run(subcommands: Any, mode: str) -> None:
+    """`cnnlab cpu` or `cnnlab cuda`: the lab's modes."""
+    where = {"cpu": "native code on the CPU", "cuda": "CUDA kernels on the GPU"}[mode]
+    run = subcommands.add_parser(
+        mode,
+        help=HELP[mode],
+        description=f"Run the network with {where}: the lab's `{mode} CNN_FILE INPUT_FILE OUTPUT_FILE`. "
+        f"With no files: the default data, written to {commands.DEFAULT_OUTPUTS[mode]}. stdout gets the lab's "
+        "line 'N microseconds of actual work done'.",
+    )
+    run.add_argument(
+        "files",
+        nargs="*",
+        metavar="FILE",
+        help="CNN_FILE INPUT_FILE OUTPUT_FILE; '-' as INPUT_FILE reads CSV from standard input, as OUTPUT_FILE writes "
+        "the outputs to standard output (the lab's timing line then goes to stderr)",
+    )
+    run.add_argument("--batch", type=_positive_int, help="images per compute call (default: sized to the backend)")
+    run.add_argument(
+        "--threads",
+        type=_positive_int,
+        help="host threads that read and parse the input" + (" and compute" if mode == "cpu" else "")
+        + " (default: OMP_NUM_THREADS where set, else every core this process may run on)",
+    )
+    run.add_argument("--timing-json", metavar="PATH", help="also write the run's figures as JSON")
+    # cpu: parsing and computing both take every core, so reading ahead gains no wall time (measured on 2
+    # and 16 cores) and would only inflate the timed work; cuda: reading ahead keeps the GPU fed.
+    read_ahead = mode == "cuda"
+    run.add_argument(
+        "--read-ahead",
+        action=argparse.BooleanOptionalAction,
+        default=read_ahead,
+        help="read the next batch while this one computes (default: "
+        + ("on; --no-read-ahead reads only while nothing computes, so the timed work has the cores to itself)" if read_ahead
+           else "off, so the timed work has the cores to itself; on the CPU reading ahead gains no wall time)"),
+    )
+    if mode == "cuda":
+        from cnnlab.cuda.ladder import BY_NAME, DEFAULT_KERNEL
+
+        run.add_argument(
+            "--host-parse",
+            action="store_true",
+            help="parse CSV input on the host's cores, as cpu mode does, instead of on the GPU (the default)",
         )
         run.add_argument(
-            "files",
-            nargs="*",
-            metavar="FILE",
-            help="CNN_FILE INPUT_FILE OUTPUT_FILE; '-' as INPUT_FILE reads CSV from standard input, as OUTPUT_FILE writes "
-            "the outputs to standard output (the lab's timing line then goes to stderr)",
+            "--kernel",
+            choices=list(BY_NAME),
+            metavar="NAME",
+            help=f"the rung of the optimization ladder that computes (README; default {DEFAULT_KERNEL}, the design card's "
+            f"conv2d_relu + flattened_to_dense): {', '.join(BY_NAME)}",
         )
-        run.add_argument("--batch", type=_positive_int, help="images per compute call (default: sized to the backend)")
-        run.add_argument(
-            "--threads",
-            type=_positive_int,
-            help="host threads that read and parse the input" + (" and compute" if mode == "cpu" else "")
-            + " (default: OMP_NUM_THREADS where set, else every core this process may run on)",
-        )
-        run.add_argument("--timing-json", metavar="PATH", help="also write the run's figures as JSON")
-        # cpu: parsing and computing both take every core, so reading ahead gains no wall time (measured on 2
-        # and 16 cores) and would only inflate the timed work; cuda: reading ahead keeps the GPU fed.
-        read_ahead = mode == "cuda"
-        run.add_argument(
-            "--read-ahead",
-            action=argparse.BooleanOptionalAction,
-            default=read_ahead,
-            help="read the next batch while this one computes (default: "
-            + ("on; --no-read-ahead reads only while nothing computes, so the timed work has the cores to itself)" if read_ahead
-               else "off, so the timed work has the cores to itself; on the CPU reading ahead gains no wall time)"),
-        )
-        if mode == "cuda":
-            run.add_argument(
-                "--host-parse",
-                action="store_true",
-                help="parse CSV input on the host's cores, as cpu mode does, instead of on the GPU (the default)",
-            )
-            run.add_argument(
-                "--kernel",
-                choices=list(BY_NAME),
-                metavar="NAME",
-                help=f"the rung of the optimization ladder that computes (README; default {DEFAULT_KERNEL}, the design card's "
-                f"conv2d_relu + flattened_to_dense): {', '.join(BY_NAME)}",
-            )
-        run.set_defaults(handler=commands.run, mode=mode, host_parse=False, kernel=None)
+    run.set_defaults(handler=commands.run, mode=mode, host_parse=False, kernel=None)
+
+
+def _add_generate(subcommands: Any) -> None:
+    """`cnnlab generate`: the lab's generate.py."""
+    from cnnlab.generate import DEFAULT_IMAGES
 
     gen = subcommands.add_parser(
         "generate",
@@ -120,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--out-dir", default="input", help="folder for cnn.csv and in.csv (default input/)")
     gen.set_defaults(handler=commands.generate)
 
+
+def _add_convert(subcommands: Any) -> None:
+    """`cnnlab convert`."""
     conv = subcommands.add_parser(
         "convert",
         help="convert an input or output file between CSV and .npy, exactly",
@@ -130,6 +168,11 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("input", metavar="IN")
     conv.add_argument("output", metavar="OUT")
     conv.set_defaults(handler=commands.convert)
+
+
+def _add_compare(subcommands: Any) -> None:
+    """`cnnlab compare`: the lab's compare.py."""
+    from cnnlab.compare import DEFAULT_ABS_TOL, DEFAULT_REL_TOL
 
     cmp = subcommands.add_parser(
         "compare",
@@ -146,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
         cmp.add_argument(option, type=_nonnegative_float, default=default, help=f"{what} tolerance (default {default:g})")
     cmp.set_defaults(handler=commands.compare)
 
+
+def _add_bench(subcommands: Any) -> None:
+    """`cnnlab bench`."""
     from cnnlab.bench.report import BenchOptions
 
     defaults = BenchOptions()
@@ -153,7 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
         "bench",
         help="measure every path in images/s against the hardware's bounds",
         description="Measure each path in images/s (median of --repeats after a warm-up, fresh random data): "
-        "cpu, the CSV reader in MB/s against numpy.loadtxt, "
+        "cpu (the forward against reading its images once from memory, the plain C++ loop, numpy and PyTorch on the CPU), "
+        "the CSV reader in MB/s against numpy.loadtxt, "
         "the lab's one image per launch, batched from page-locked memory, resident on the device, the "
         "host-to-device and device-to-device copy bounds, the optimization ladder (kernels: every rung's kernels "
         "on resident images, with GB/s, share of the device-to-device bound and of the FP64 peak, and its check "
@@ -172,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     all_rows = ",".join(defaults.rows)
     bench.add_argument("--rows", default=all_rows, help=f"comma-separated rows to run (default all: {all_rows})")
     bench.add_argument("--seed", type=_seed, help="random seed for the data, a non-negative integer")
+    bench.add_argument("--threads", type=_positive_int, help="host threads of the cpu and reader rows (default: every core)")
     bench.add_argument("--chunk-images", type=_positive_int, help="images per chunk on the GPU (default: the backend's)")
     bench.add_argument("--streams", type=_positive_int, help="CUDA streams (default: the backend's)")
     bench.add_argument("--json", metavar="PATH", help="write every number, the device and versions as JSON")
@@ -181,4 +229,3 @@ def build_parser() -> argparse.ArgumentParser:
         help="draw each row's images/s against its bound, and with a GPU the batch sweep (needs matplotlib: the plot extra)",
     )
     bench.set_defaults(handler=commands.bench)
-    return parser

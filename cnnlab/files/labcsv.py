@@ -151,6 +151,7 @@ class CsvImageReader:
         self.path = path
         threads = threads or default_threads()
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="cnnlab-parse")
+        self._parsers = native.Pool(threads) if native is not None else None  # native threads: a piece hands off in microseconds
         self._file = open_for_reading(path)
         try:
             self.stop = threading.Event()  # set when the run stops: a read waiting on a pipe gives up
@@ -187,20 +188,33 @@ class CsvImageReader:
         """Fill the leading images of `out` (shape (n, 100, 100)) with the next images; return how many."""
         wanted = max(0, min(len(out), self.count - self.images_read))
         span = self._source.take(wanted * INPUT_DIM, PARSE_IMAGES * INPUT_DIM)
-        rows = out.reshape(-1, INPUT_DIM)
-        parsing, first = [], 0
-        try:
-            for block in span.pieces(PARSE_IMAGES * INPUT_DIM):
-                parsing.append(self._pool.submit(parse_rows, self.path, block, INPUT_DIM, rows[first : first + block.rows].reshape(-1)))
-                first += block.rows
-        finally:
-            wait(parsing)  # never return while a thread still writes into `out`
-        for future in parsing:  # the first bad block's error, in file order
-            future.result()
+        self._parse(span, out.reshape(-1))
         if span.rows < wanted * INPUT_DIM:
             self._raise_truncated(span.rows)
         self.images_read += wanted
         return wanted
+
+    def _parse(self, span: Span, out: np.ndarray) -> None:
+        """The span's lines into `out`, a piece of PARSE_IMAGES images per task on the reader's threads; the first
+        bad piece (in file order) named by its first bad line."""
+        pieces = span.pieces(PARSE_IMAGES * INPUT_DIM)
+        if self._parsers is not None:
+            first_rows = np.cumsum([0] + [piece.rows for piece in pieces[:-1]])
+            bounds = np.array([(piece.start, piece.end, row) for piece, row in zip(pieces, first_rows)], np.int64)
+            bad = native.parse_pieces(self._parsers, span.data, bounds, INPUT_DIM, out[: span.rows * INPUT_DIM])
+            for piece, row in zip(pieces[bad:] if bad >= 0 else [], first_rows[bad:]):  # from the first it declined, in order
+                parse_rows(self.path, piece, INPUT_DIM, out[row * INPUT_DIM : (row + piece.rows) * INPUT_DIM])
+            return
+        parsing, first = [], 0
+        try:
+            for piece in pieces:
+                room = out[first * INPUT_DIM : (first + piece.rows) * INPUT_DIM]
+                parsing.append(self._pool.submit(parse_rows, self.path, piece, INPUT_DIM, room))
+                first += piece.rows
+        finally:
+            wait(parsing)  # never return while a thread still writes into `out`
+        for future in parsing:  # the first bad piece's error, in file order
+            future.result()
 
     def reserve_text(self, images: int) -> None:
         """Make the windows hold the text of `images` images (from the file's bytes per image) before read_text
@@ -237,6 +251,8 @@ class CsvImageReader:
 
     def close(self) -> None:
         self._pool.shutdown()
+        if self._parsers is not None:
+            self._parsers.close()
         if hasattr(self, "_source"):
             self._source.close()
         self._file.close()
