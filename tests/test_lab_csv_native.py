@@ -578,8 +578,17 @@ def test_cutting_from_summaries_matches_one_thread(lines: list[bytes], rows: int
     assert whole == csvlines.summarize(data, 0, len(data))  # combining parts is summarizing them at once
     assert whole.rows == sum(1 for line in lines if line.strip(BLANK))
     assert whole.longest_line == max((len(line) for line in lines), default=0)
+    prefixes = csvlines.prefixes_of(0, parts)
     with ThreadPoolExecutor(2) as pool:
-        assert csvlines.cut_summarized(data, 0, parts, rows, every, pool if pooled else None) == expected
+        assert csvlines.cut_summarized(data, prefixes, rows, every, pool if pooled else None) == expected
+    # The runs: whole lines from 0 to the end of the last whole line, cut where each part's first line begins.
+    end = int(np.flatnonzero(data == 10)[-1]) + 1 if lines else 0
+    runs = csvlines.runs_of(prefixes, end)
+    starts = [0, *(int(i) + 1 for i in np.flatnonzero(data == 10))]  # every line start
+    assert [run[0] for run in runs] == sorted({max(s for s in starts if s <= b) for b in bounds[:-1]} - {end} if end else set())
+    assert all(a < b for a, b, _ in runs) and [b for _, b, _ in runs] == [run[0] for run in runs[1:]] + ([end] if runs else [])
+    for start, _, before in runs:
+        assert before == sum(1 for line in bytes(data[:start]).split(b"\n")[:-1] if line.strip(BLANK))
 
 
 def test_a_summary_says_where_lines_end_and_which_hold_ink() -> None:

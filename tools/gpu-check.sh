@@ -21,6 +21,9 @@
 #   cpu       cnnlab bench's cpu and reader rows on every core and on one: the forward against the memory bound, the
 #             plain loop, numpy and PyTorch on the CPU; the CSV reader against numpy.loadtxt and Polars
 #   cpujob    30,000 CSV images (5.6 GB, page cache): cnnlab cpu's wall time, three runs, against cuda's, outputs compared
+#   tune      cpu mode's CSV reader on every core with other shares of its threads reading ahead and other steps
+#   profile   where cpu and cuda mode's time goes on the default data, from the process's start to its exit
+#             (tools/profile_startup.py), beside the driver's own start in C through ctypes (the floor)
 #   sweep     the page-locked row against the copy bound for a few chunk sizes and stream counts
 #   api       the Python API's tests (PyTorch and CuPy device arrays, out=), its device-array rate, and a wheel
 #             built here, installed into a fresh virtual environment with nvcc off the PATH, running cuda mode
@@ -140,6 +143,27 @@ for stage in $stages; do
       cnnlab generate --images 2000 --seed 459 --out-dir "$WORK/parsers2k" >/dev/null
       python3 tools/profile_cpu_csv.py "$WORK/parsers2k/in.csv" --threads 1 2 4 8 16 2>&1 | tee -a "$OUT/parsers.log" || status=1
       rm -rf "$WORK/parsers" "$WORK/parsers2k" ;;
+    tune)
+      cnnlab generate --images 2000 --seed 459 --out-dir "$WORK/tune" >/dev/null
+      python3 tools/profile_cpu_csv.py "$WORK/tune/in.csv" --threads 1 $(nproc) --ahead-share 1 2 4 8 --step 16 32 64 2>&1 | tee "$OUT/tune.log" || status=1
+      rm -rf "$WORK/tune" ;;
+    profile)
+      {
+        for run in 1 2 3; do
+          python3 -S -c "
+import ctypes, time
+start = time.perf_counter(); cuda = ctypes.CDLL('libcuda.so.1'); device, context = ctypes.c_int(), ctypes.c_void_p()
+assert cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(device), 0) == 0
+middle = time.perf_counter(); assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device) == 0; end = time.perf_counter()
+print(f'floor: cuInit {middle - start:.3f} s + primary context {end - middle:.3f} s = {end - start:.3f} s')"
+          timed "python3 -S -c pass" python3 -S -c pass
+          timed "python3 -c 'import numpy'" python3 -c "import numpy"
+        done
+        for mode in cuda cuda cpu; do
+          echo "-- $mode, the default data"
+          python3 tools/profile_startup.py $mode >/dev/null
+        done
+      } 2>&1 | tee "$OUT/profile.log" || status=1 ;;
     cpu)
       for threads in $(nproc) 1; do
         cnnlab bench --rows cpu,reader --threads "$threads" --json "$OUT/cpu_$threads.json" 2>&1 | tee -a "$OUT/cpu.log" || status=1

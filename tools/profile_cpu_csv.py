@@ -1,13 +1,15 @@
 """Where cpu mode's CSV reading goes as the threads grow: each stage of the reader alone, in GB/s of text.
 
-    python tools/profile_cpu_csv.py IN_CSV [--threads 1 2 4 8 16] [--repeats 3]
+    python tools/profile_cpu_csv.py IN_CSV [--threads 1 2 4 8 16] [--repeats 3] [--ahead-share 1 4] [--step 16 64]
 
 For each thread count: memory (every byte of a 1 GB array read once, the native forward's threads), read
 (the file from the page cache into a window, native.read_summarized), parse (native.parse_rows on the text
 in memory, one equal piece per thread: the parser alone), pieces (the same text cut into the reader's
 16-image pieces, parsed on a pool of that many threads: what the reader does after reading), and reader
 (CsvImageReader over the whole file: reading, cutting and parsing as a run does). Each is the median of
---repeats; the last column is the reader's scaling against its one-thread rate (1.0: linear).
+--repeats; the last column is the reader's scaling against its one-thread rate (1.0: linear). Then, on the most
+threads, the reader again with other shares of its threads reading ahead (labcsv.READ_AHEAD_SHARE) and other
+images a step per thread (its PARSE_IMAGES), to choose them.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cnnlab.cpu._forward import Forward  # noqa: E402
+from cnnlab.files import labcsv  # noqa: E402
 from cnnlab.files.labcsv import PARSE_IMAGES, CsvImageReader  # noqa: E402
 from cnnlab.files.lines import native  # noqa: E402
 from cnnlab.network import INPUT_DIM  # noqa: E402
@@ -58,6 +61,8 @@ def main() -> int:
     parser.add_argument("path", type=Path)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--ahead-share", type=int, nargs="*", default=[], help="READ_AHEAD_SHARE values to try on the most threads")
+    parser.add_argument("--step", type=int, nargs="*", default=[], help="images a step per thread to try on the most threads")
     args = parser.parse_args()
 
     data = np.fromfile(args.path, np.uint8)
@@ -95,9 +100,9 @@ def main() -> int:
             parse_rate = text / median_seconds(lambda: parse(equal, equal_offsets), args.repeats)  # noqa: B023
             pieces_rate = text / median_seconds(lambda: parse(small, offsets), args.repeats)  # noqa: B023
 
-        def read_all(threads: int = threads) -> None:
+        def read_all(threads: int = threads, per_thread: int = PARSE_IMAGES) -> None:
             with CsvImageReader(args.path, threads) as reader:
-                buffer = np.empty((reader.step, INPUT_DIM, INPUT_DIM))
+                buffer = np.empty((per_thread * threads, INPUT_DIM, INPUT_DIM))
                 while reader.read_into(buffer):
                     pass
 
@@ -107,6 +112,14 @@ def main() -> int:
             f"{threads:>7} {memory_rate / 1e9:>12.1f} {read_rate / 1e9:>10.1f} {parse_rate / 1e9:>11.2f} {pieces_rate / 1e9:>12.2f} "
             f"{reader_rate / 1e9:>12.2f} {reader_rate / (one * threads):>8.2f}"
         )
+    threads = max(args.threads)
+    for share in args.ahead_share:
+        labcsv.READ_AHEAD_SHARE = share
+        rate = text / median_seconds(lambda: read_all(threads), args.repeats)  # noqa: B023
+        print(f"reader on {threads} threads, a 1/{share} of them reading ahead: {rate / 1e9:.2f} GB/s")
+    for per_thread in args.step:
+        rate = text / median_seconds(lambda: read_all(threads, per_thread), args.repeats)  # noqa: B023
+        print(f"reader on {threads} threads, {per_thread} images a step per thread: {rate / 1e9:.2f} GB/s")
     return 0
 
 

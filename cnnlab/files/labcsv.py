@@ -34,6 +34,8 @@ from cnnlab.network import (
 
 # Images per parse task: a block of ~3 MB of text, large enough to amortise a task, small enough to spread.
 PARSE_IMAGES = 16
+# Where the host parses, the threads that read ahead meanwhile: a thread reads ~8x the bytes a thread parses.
+READ_AHEAD_SHARE = 4
 # The most bytes a line of an image takes as cnnlab writes it: 100 values in repr's longest form (24 characters) and
 # their commas. Windows are reserved for no more per line (text padded longer grows them as it is read).
 REPR_ROW_BYTES = INPUT_DIM * 25
@@ -155,7 +157,9 @@ class CsvImageReader:
         self._file = open_for_reading(path)
         try:
             self.stop = threading.Event()  # set when the run stops: a read waiting on a pipe gives up
-            self._source = TextSource(path, self._file, memory, self._pool, threads, self.stop)
+            # Parsed here, the text is read ahead on a quarter of the threads, the parse taking every core meanwhile.
+            ahead = threads if memory is not None else max(1, threads // READ_AHEAD_SHARE)
+            self._source = TextSource(path, self._file, memory, self._pool, threads, self.stop, ahead)
             self.count = self._read_count()
             status = os.fstat(self._file.fileno())
             self._source.row_bytes = status.st_size / (self.count * INPUT_DIM)  # the first guess
@@ -195,19 +199,22 @@ class CsvImageReader:
         return wanted
 
     def _parse(self, span: Span, out: np.ndarray) -> None:
-        """The span's lines into `out`, a piece of PARSE_IMAGES images per task on the reader's threads; the first
-        bad piece (in file order) named by its first bad line."""
-        pieces = span.pieces(PARSE_IMAGES * INPUT_DIM)
+        """The span's lines into `out`: natively, the runs the read found (a piece of the file each, ~1 MB) claimed by
+        the reader's threads as they go, else pieces of PARSE_IMAGES images a task; the first piece that holds a bad
+        line (in file order) named by that line."""
         if self._parsers is not None:
-            first_rows = np.cumsum([0] + [piece.rows for piece in pieces[:-1]])
-            bounds = np.array([(piece.start, piece.end, row) for piece, row in zip(pieces, first_rows)], np.int64)
-            bad = native.parse_pieces(self._parsers, span.data, bounds, INPUT_DIM, out[: span.rows * INPUT_DIM])
-            for piece, row in zip(pieces[bad:] if bad >= 0 else [], first_rows[bad:]):  # from the first it declined, in order
-                parse_rows(self.path, piece, INPUT_DIM, out[row * INPUT_DIM : (row + piece.rows) * INPUT_DIM])
+            runs = span.runs or _runs(span.pieces(PARSE_IMAGES * INPUT_DIM))
+            bad = native.parse_pieces(self._parsers, span.data, np.array(runs, np.int64), INPUT_DIM, out[: span.rows * INPUT_DIM])
+            if bad >= 0:  # from the first piece it declined, in order, as parse_rows names a bad line
+                line = span.line_before + int(np.count_nonzero(span.data[span.start : runs[bad][0]] == ord("\n")))
+                for (start, end, before), after in zip(runs[bad:], [*(run[2] for run in runs[bad + 1 :]), span.rows]):
+                    run = Span(span.data, start, end, after - before, line)
+                    parse_rows(self.path, run, INPUT_DIM, out[before * INPUT_DIM : after * INPUT_DIM])
+                    line += int(np.count_nonzero(span.data[start:end] == ord("\n")))
             return
         parsing, first = [], 0
         try:
-            for piece in pieces:
+            for piece in span.pieces(PARSE_IMAGES * INPUT_DIM):
                 room = out[first * INPUT_DIM : (first + piece.rows) * INPUT_DIM]
                 parsing.append(self._pool.submit(parse_rows, self.path, piece, INPUT_DIM, room))
                 first += piece.rows
@@ -262,6 +269,12 @@ class CsvImageReader:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _runs(pieces: list[Span]) -> tuple[tuple[int, int, int], ...]:
+    """Pieces as runs for parse_pieces: (start, end, rows before)."""
+    befores = np.cumsum([0] + [piece.rows for piece in pieces[:-1]])
+    return tuple((piece.start, piece.end, int(before)) for piece, before in zip(pieces, befores))
 
 
 def format_rows(rows: np.ndarray) -> str:

@@ -30,6 +30,9 @@ class Span:
     """Whole lines of a window: data[start:end] holds `rows` non-blank lines, after line `line_before`.
 
     `cuts` (when the span was taken with `every`): the span's pieces of `every` rows, already found.
+    `runs` (where the span was read in parts): its whole lines cut where each part of the read begins, as
+    (start, end, rows before), found from the parts' summaries with no walk: a parse that needs no
+    image-aligned pieces (the host's) takes these.
     """
 
     data: np.ndarray  # the window (uint8); valid until the take() after next
@@ -38,6 +41,7 @@ class Span:
     rows: int
     line_before: int
     cuts: tuple[Span, ...] = ()
+    runs: tuple[tuple[int, int, int], ...] = ()
 
     def lines(self) -> list[NumberedLine]:
         """The span's non-blank lines with their numbers and without their line ends (slow: for messages)."""
@@ -169,20 +173,27 @@ def _summarize_python(data: np.ndarray, start: int, end: int) -> Lines:
 POOLED_WALKS = 8
 
 
-def cut_summarized(data: np.ndarray, start: int, parts: list[Lines], rows: int, every: int, pool: Executor | None) -> list[Cut]:
-    """cut_rows over the bytes that `parts` cover from `start` (a line start; read, and '\\n'-ended at the file's
-    end), found from their summaries: each cut is walked from the start of the line open where its part
-    begins, so over one part's bytes at most (parts are read in pieces of up to 1 MB); with a pool and
-    many cuts, the cuts are walked at once."""
-    prefixes = [running := Lines(start, start, 0, False, False, 0, -1, -1, 0)]  # of the parts before each part, and of all
+def prefixes_of(start: int, parts: list[Lines]) -> list[Lines]:
+    """The summaries of the parts before each part of `parts` (which follow each other from `start`, a line start), and
+    of them all."""
+    prefixes = [running := Lines(start, start, 0, False, False, 0, -1, -1, 0)]
     for part in parts:
         prefixes.append(running := running.then(part))
+    return prefixes
+
+
+def cut_summarized(data: np.ndarray, prefixes: list[Lines], rows: int, every: int, pool: Executor | None) -> list[Cut]:
+    """cut_rows over the bytes that the parts of `prefixes` (prefixes_of) cover from their start (read, and '\\n'-ended at
+    the file's end), found from their summaries: each cut is walked from the start of the line open where its part
+    begins, so over one part's bytes at most (parts are read in pieces of up to 1 MB); with a pool and
+    many cuts, the cuts are walked at once."""
+    parts = len(prefixes) - 1
     total = prefixes[-1]
     available = total.rows
     targets = [target for target in (*range(every, rows, every), rows) if target <= available]
     walks, part = [], 0
     for target in targets:  # the part holding the end of row `target`, and where its open line starts
-        while part + 1 < len(parts) and prefixes[part + 1].rows < target:
+        while part + 1 < parts and prefixes[part + 1].rows < target:
             part += 1
         before = prefixes[part]
         walks.append((before.open_start, target - before.rows, before.newlines))
@@ -201,6 +212,14 @@ def cut_summarized(data: np.ndarray, start: int, parts: list[Lines], rows: int, 
         pieces.append((mark[0], mark[1] - previous[1], mark[2] - previous[2]))
         previous = mark
     return pieces
+
+
+def runs_of(prefixes: list[Lines], end: int) -> tuple[tuple[int, int, int], ...]:
+    """The whole lines from the parts' start to `end` (a line start) cut where each part's first whole line begins:
+    (start, end, rows before) each, from the parts' summaries (prefixes_of) alone."""
+    starts = {prefix.open_start: prefix.rows for prefix in prefixes[:-1] if prefix.open_start < end}
+    bounds = sorted(starts)
+    return tuple((at, following, starts[at]) for at, following in zip(bounds, [*bounds[1:], end]))
 
 
 def spans_of(data: np.ndarray, start: int, line_before: int, cuts: list[Cut]) -> list[Span]:

@@ -17,7 +17,20 @@ from typing import BinaryIO, Protocol
 import numpy as np
 
 from cnnlab.errors import InputFileError
-from cnnlab.files.lines import MAX_LINE_BYTES, Cut, Lines, LineTooLong, Span, cut_rows, cut_summarized, native, spans_of, summarize
+from cnnlab.files.lines import (
+    MAX_LINE_BYTES,
+    Cut,
+    Lines,
+    LineTooLong,
+    Span,
+    cut_rows,
+    cut_summarized,
+    native,
+    prefixes_of,
+    runs_of,
+    spans_of,
+    summarize,
+)
 from cnnlab.files.safety import reading
 
 READ_BYTES = 1 << 23  # bytes per read() call: large enough to amortise it, small enough to stop quickly
@@ -63,12 +76,16 @@ class TextSource:
         pool: Executor | None = None,
         threads: int = 1,
         stop: threading.Event | None = None,
+        ahead_threads: int | None = None,
     ) -> None:
         self.path = path
         self._file = file
         self._stop = stop  # set by whoever reads ahead of us when it stops: a wait on a pipe then ends
         self._memory = memory or HostMemory()
         self._pool, self._threads = pool, threads
+        # The threads that read ahead, while the next span is parsed: all of them where nothing else needs the cores (the
+        # GPU parses), fewer where the host parses on every core (a thread reads ~8x the bytes a thread parses).
+        self._ahead_threads = ahead_threads or threads
         self._offset = 0 if pool is not None and stat.S_ISREG(os.fstat(file.fileno()).st_mode) else None  # None: read()
         ahead = self._offset is not None and native is not None
         # Empty at first: the first read sizes a window (page-locked memory is slow to make; reserve() sizes them all).
@@ -111,11 +128,13 @@ class TextSource:
             self._read_more(int(1.005 * (rows - self._total.rows) * self.row_bytes) + READ_BYTES // 32 if self.row_bytes else None)
         self._read_ahead(rows)
         window = self._windows[self._current]
+        prefixes = None
         try:
             if self._total.longest_line > MAX_LINE_BYTES:  # walked on one thread, which stops at such a line if it must take it
                 cuts = cut_rows(window[: self._filled], self._start, rows, every)
             else:
-                cuts = cut_summarized(window, self._start, self._parts, rows, every, self._pool)
+                prefixes = prefixes_of(self._start, self._parts)
+                cuts = cut_summarized(window, prefixes, rows, every, self._pool)
         except LineTooLong as error:
             raise InputFileError(self.path, str(error), self.lines_taken + error.index + 1) from None
         merged: list[Cut] = []  # blank lines at the file's end belong to the last piece
@@ -126,7 +145,8 @@ class TextSource:
                 merged.append((end, found_rows, lines))
         pieces = spans_of(window, self._start, self.lines_taken, merged)
         taken = sum(piece.rows for piece in pieces)
-        span = Span(window, self._start, pieces[-1].end, taken, self.lines_taken, tuple(pieces))
+        runs = runs_of(prefixes, pieces[-1].end) if prefixes is not None else ()
+        span = Span(window, self._start, pieces[-1].end, taken, self.lines_taken, tuple(pieces), runs)
         if taken > 1:  # not the input's first line, N: its bytes say nothing of a matrix's
             self.row_bytes = (span.end - span.start) / taken
         self._start, self.lines_taken = span.end, self.lines_taken + sum(cut[2] for cut in merged)
@@ -177,7 +197,7 @@ class TextSource:
             return
         self._grow(following, max(len(self._windows[self._current]), AHEAD_GAP + wanted + 1))
         window = self._windows[following]
-        self._ahead = self._pool.submit(self._read_summarized, window, AHEAD_GAP, wanted, self._offset)
+        self._ahead = self._pool.submit(self._read_summarized, window, AHEAD_GAP, wanted, self._offset, self._ahead_threads)
 
     def _read_more(self, wanted: int | None) -> None:
         """Read the next `wanted` bytes after those not yet taken, growing the window to hold them (if None: as
@@ -225,15 +245,17 @@ class TextSource:
         self._offset += count
         return count, parts
 
-    def _read_summarized(self, window: np.ndarray, at: int, wanted: int, offset: int) -> tuple[int, list[Lines]]:
-        """window[at:at + wanted] from the regular file at `offset`, a read per thread at once, each thread
-        summarizing its part as it lands (natively; else read on the pool, then summarized)."""
-        fd = self._file.fileno()
+    def _read_summarized(
+        self, window: np.ndarray, at: int, wanted: int, offset: int, threads: int | None = None
+    ) -> tuple[int, list[Lines]]:
+        """window[at:at + wanted] from the regular file at `offset`, a read per thread at once (`threads` of them; default
+        the source's), each thread summarizing its part as it lands (natively; else read on the pool, then summarized)."""
+        fd, threads = self._file.fileno(), threads or self._threads
         if native is not None:
-            count, parts = native.read_summarized(fd, window, at, wanted, offset, self._threads)
+            count, parts = native.read_summarized(fd, window, at, wanted, offset, threads)
             return count, [Lines(*part) for part in parts]
         assert self._pool is not None
-        count = read_at(fd, memoryview(window)[at : at + wanted], offset, self._pool, self._threads)
+        count = read_at(fd, memoryview(window)[at : at + wanted], offset, self._pool, threads)
         return count, [summarize(window, at, at + count)] if count else []
 
     def close(self) -> None:

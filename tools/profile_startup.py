@@ -1,0 +1,105 @@
+"""Where a run's time goes, from the process's start to its exit: each phase's start and length, on its thread.
+
+    python tools/profile_startup.py cpu|cuda [CNN_FILE INPUT_FILE OUTPUT_FILE] [cnnlab options]
+
+Runs `python -m cnnlab` in this process as the command line does (the driver's start on a thread before
+numpy is imported, and so on), with each phase below wrapped as its module is imported, so that nothing is
+imported sooner than the command line imports it. Prints one line a phase: seconds since the process
+started (the kernel's start time, as run.py's start-up figure), its length, and its thread; the last line
+is the process's end, measured by the parent that ran it (exit included).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.machinery
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+# module: the names to time in it ("Class.method" for a method)
+PHASES = {
+    "cnnlab.cuda.driver": ["_start"],
+    "cnnlab.cli.main": ["main"],
+    "cnnlab.files.labcsv": ["read_cnn", "CsvImageReader.__init__", "CsvImageReader.reserve_text", "CsvImageReader.read_text",
+                            "CsvImageReader.read_into"],
+    "cnnlab.cuda.context": ["CudaContext.__init__", "CudaContext.compute", "CudaContext.close"],
+    "cnnlab.cpu.backend": ["CpuBackend.__init__", "CpuBackend.compute", "CpuBackend.close"],
+    "cnnlab.run": ["run_network"],
+    "cnnlab.files.safety": ["AtomicOutput.commit"],
+    "numpy": [],
+}
+EVENTS: list[tuple[str, float, float, str]] = []
+
+
+def process_age() -> float:
+    with open("/proc/self/stat") as stat:
+        ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
+    return time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+
+
+def timed(name: str, function: Any) -> Any:
+    @functools.wraps(function)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        start = process_age()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            EVENTS.append((name, start, process_age() - start, threading.current_thread().name))
+
+    return run
+
+
+class Wrapping(importlib.abc.MetaPathFinder):
+    """After a module of PHASES is executed, its phases are wrapped; numpy's import is timed as a whole."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name not in PHASES:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        execute = spec.loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            start = process_age()
+            execute(module)
+            EVENTS.append((f"import {name}", start, process_age() - start, threading.current_thread().name))
+            for phase in PHASES[name]:
+                owner: Any = module
+                *path_, attribute = phase.split(".")
+                for part in path_:
+                    owner = getattr(owner, part)
+                setattr(owner, attribute, timed(phase, getattr(owner, attribute)))
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def main() -> int:
+    if os.environ.get("CNNLAB_PROFILED") != "1":  # the parent: run the child, then add the process's end as it saw it
+        begin = time.perf_counter()
+        child = subprocess.run([sys.executable, __file__, *sys.argv[1:]], env=dict(os.environ, CNNLAB_PROFILED="1"), cwd=os.getcwd())
+        print(f"{'process end (exit included)':<34} at {time.perf_counter() - begin:7.3f} s (from the parent's fork)", file=sys.stderr)
+        return child.returncode
+    sys.path.insert(0, str(ROOT))
+    sys.meta_path.insert(0, Wrapping())
+    sys.argv = ["cnnlab", *sys.argv[1:]]
+    from cnnlab.__main__ import main as cnnlab_main
+
+    try:
+        return cnnlab_main()
+    finally:
+        for name, start, length, thread in sorted(EVENTS, key=lambda event: event[1]):
+            print(f"{name:<34} at {start:7.3f} s  for {length * 1e3:8.1f} ms  ({thread})", file=sys.stderr)
+        print(f"{'main returns':<34} at {process_age():7.3f} s", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
