@@ -6,6 +6,7 @@ can trust what they are handed.
 
 from __future__ import annotations
 
+import mmap
 import os
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -36,6 +37,7 @@ CONV_OUT_DIM = INPUT_DIM // FILTER_DIM  # each filter gives a CONV_OUT_DIM x CON
 OUT_NEURON_DIM = CONV_LAYER_SIZE * CONV_OUT_DIM * CONV_OUT_DIM  # 4000 flattened values
 OUT_LAYER_SIZE = 10  # number of output neurons
 IMAGE_BYTES = INPUT_DIM * INPUT_DIM * 8  # 80,000 bytes of float64 per image
+HUGE_PAGES_FROM = 4 << 20  # own_pages asks for huge pages (2 MB) from this size on
 
 # Floating-point operations per image: a multiply and an add per convolution tap and per weight.
 FLOPS_PER_IMAGE = 2 * (CONV_LAYER_SIZE * CONV_OUT_DIM * CONV_OUT_DIM * FILTER_DIM * FILTER_DIM + OUT_LAYER_SIZE * OUT_NEURON_DIM)
@@ -61,6 +63,18 @@ def default_threads() -> int:
     except ValueError:
         threads = 0
     return threads if threads > 0 else len(os.sched_getaffinity(0))
+
+
+def own_pages(nbytes: int) -> np.ndarray:
+    """`nbytes` bytes (uint8) on pages of their own (an anonymous mapping, shared with no other object), huge where the
+    kernel gives them: a buffer of hundreds of MB is then a few hundred faults to fill, not a hundred thousand."""
+    pages = mmap.mmap(-1, max(nbytes, 1))
+    if nbytes >= HUGE_PAGES_FROM and hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            pages.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:  # no transparent huge pages here: ordinary ones
+            pass
+    return np.frombuffer(pages, np.uint8, nbytes)
 
 
 def unsized_capacity(count: int) -> int:
@@ -194,7 +208,7 @@ class Backend(Protocol):
     name: str  # "cpu" or "cuda"
     device: str  # what it runs on, in words
     threads: int  # the host threads it runs on, and the input's reader with it
-    batch_size: int  # images per compute() call that suit this backend
+    batch_size: int | None  # images per compute() call that suit this backend; None: the reader's step, which suits it
     csv_text: TextBatching | None  # not None: compute() also takes CSV text (labcsv.CsvBatch), parsed on the backend's device
 
     def allocate_images(self, count: int) -> np.ndarray:

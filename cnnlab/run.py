@@ -149,7 +149,8 @@ def run_network(
             read: Callable[[Any, threading.Event], Batch | None] = partial(_read_text, reader, batch_size, text.chunk_images)
             buffers: list[Any] = [None] * slots
         else:
-            batch_size = min(backend.batch_size, reader.count, reader.capacity)  # never buffers for images the file cannot hold
+            # The backend's batch, else the reader's step; never buffers for images the file cannot hold.
+            batch_size = min(backend.batch_size or reader.step, reader.count, reader.capacity)
             read = partial(fill_images, reader)
             buffers = [backend.allocate_images(batch_size) for _ in range(slots)]
         progress = Progress(f"cnnlab {backend.name}", reader.count)

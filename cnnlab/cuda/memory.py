@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import ctypes
 import math
-import mmap
 import threading
 from typing import Any
 
 import numpy as np
 
-# Page-locked buffers from this size on ask for huge pages (2 MB): fewer pages to fault in and to register.
-HUGE_PAGES_FROM = 4 << 20
+from cnnlab.network import own_pages
 
 
 class Allocator:
@@ -45,13 +43,7 @@ class Allocator:
         numpy 2's arrays, hence the driver's call through ctypes."""
         dtype = np.dtype(dtype)
         nbytes = math.prod(shape if isinstance(shape, tuple) else (shape,)) * dtype.itemsize
-        pages = mmap.mmap(-1, max(nbytes, 1))
-        if nbytes >= HUGE_PAGES_FROM and hasattr(mmap, "MADV_HUGEPAGE"):
-            try:
-                pages.madvise(mmap.MADV_HUGEPAGE)
-            except OSError:  # no transparent huge pages here: ordinary ones
-                pass
-        buffer = np.frombuffer(pages, np.uint8, nbytes).view(dtype).reshape(shape)
+        buffer = own_pages(nbytes).view(dtype).reshape(shape)
         if nbytes:
             self._call("cuMemHostRegister_v2", ctypes.c_void_p(buffer.ctypes.data), ctypes.c_size_t(nbytes), ctypes.c_uint(0))
         with self._lock:

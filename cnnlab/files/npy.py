@@ -28,6 +28,7 @@ from cnnlab.network import IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OutputBatch, 
 
 DTYPE = np.dtype("<f8")
 MAGIC = b"\x93NUMPY"
+STEP_IMAGES_PER_THREAD = 32
 MAX_HEADER_BYTES = 10_000  # numpy's own limit for a header it parses safely (np.load's max_header_size)
 _HEADER_LENGTH = {1: "<H", 2: "<I", 3: "<I"}  # by the format's major version: how the header's length is stored
 
@@ -81,7 +82,6 @@ class NpyImageReader:
 
     values_finite = False  # a .npy file may hold NaNs and infinities: the backend checks as it computes
 
-    step = 1024  # images per read_into() call that a reader thread makes: 80 MB
 
     def __init__(self, path: str | os.PathLike, threads: int | None = None) -> None:
         self.path = path
@@ -97,6 +97,8 @@ class NpyImageReader:
         self.images_read = 0
         self.stop = threading.Event()  # set when the run stops: a read waiting on a pipe gives up
         self._threads = threads or default_threads()
+        # Images per read_into() call: 2.5 MB a thread, in cache when the CPU computes them next, and a read per core.
+        self.step = STEP_IMAGES_PER_THREAD * self._threads
         self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="cnnlab-npy")
         self._seekable = stat.S_ISREG(os.fstat(self._file.fileno()).st_mode)
         self.capacity = self.count if self._seekable else unsized_capacity(self.count)  # a file's size was checked against N

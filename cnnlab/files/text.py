@@ -32,6 +32,7 @@ from cnnlab.files.lines import (
     summarize,
 )
 from cnnlab.files.safety import reading
+from cnnlab.network import own_pages
 
 READ_BYTES = 1 << 23  # bytes per read() call: large enough to amortise it, small enough to stop quickly
 # Where a window's bytes read ahead start: room before them for the bytes the last span left, carried there.
@@ -47,10 +48,10 @@ class TextMemory(Protocol):
 
 
 class HostMemory:
-    """Windows in ordinary memory."""
+    """Windows in ordinary memory, on pages of their own (own_pages)."""
 
     def allocate_text(self, nbytes: int) -> np.ndarray:
-        return np.empty(nbytes, np.uint8)
+        return own_pages(nbytes)
 
     def free_text(self, window: np.ndarray) -> None:
         pass
@@ -121,7 +122,7 @@ class TextSource:
         """The next `rows` non-blank lines (fewer only where the file ends) as a span of one window,
         with its pieces of `every` rows already cut."""
         self._turn()
-        every = every or rows
+        every = every or max(rows, 1)
         # Read what the rows still wanted should take: rows vary little in length (random values' text: a
         # few percent), and their sum over many rows far less. A line too long ends the reading: cut_rows names it.
         while self._total.rows < rows and not self._at_end and self._total.longest_line <= MAX_LINE_BYTES:
