@@ -63,7 +63,8 @@ def _start() -> int:
 
     # cuda mode: the driver starts while numpy is imported and the CNN read, before cli is even imported; but not
     # under an address-space limit, where its reservations would leave OpenBLAS none (and it would abort).
-    starting = start_driver() if sys.argv[1:2] == ["cuda"] and limit == resource.RLIM_INFINITY else None
+    cuda = sys.argv[1:2] == ["cuda"] and limit == resource.RLIM_INFINITY
+    starting = start_driver(_gpus_named(sys.argv[2:])) if cuda else None
     try:
         from cnnlab.cli.main import main as cli_main
 
@@ -71,6 +72,19 @@ def _start() -> int:
     finally:
         if starting is not None:
             starting.join()
+
+
+def _gpus_named(arguments: list[str]) -> list[int] | None:
+    """The GPUs cuda mode's arguments name, read ahead of the parser (which names a mistake later): --device N, GPU 0 by
+    default, or every GPU for --devices."""
+    for at, argument in enumerate(arguments):
+        name, _, value = argument.partition("=")
+        value = value or (arguments[at + 1] if at + 1 < len(arguments) else "")
+        if name == "--devices":
+            return None
+        if name == "--device" and value.isdigit():
+            return [int(value)]
+    return [0]
 
 
 if __name__ == "__main__":

@@ -24,8 +24,6 @@ from cnnlab.files.labcsv import read_cnn
 from cnnlab.network import INPUT_DIM, OUT_LAYER_SIZE, Cnn, ImageBatch, require_finite
 from cnnlab.run import fill_images
 
-DEVICES = ("cpu", "cuda")
-
 
 def load_cnn(path: str | os.PathLike) -> Cnn:
     """The CNN file at `path` (the lab's CSV layout). A Cnn is also made from arrays: `Cnn(filters, weights)`.
@@ -74,13 +72,29 @@ def _warn_trailing(path: str | os.PathLike, reader: ImageReader) -> None:
         warnings.warn(note, stacklevel=3)
 
 
-def forward(images: Any, cnn: Cnn, device: str = "cpu", out: Any = None) -> Any:
+def gpu_index(device: Any) -> int | None:
+    """The GPU a device name names, as users write it: "cuda" is GPU 0, "cuda:N" GPU N (a torch.device reads the same),
+    "cpu" none; anything else a UsageError.
+
+    >>> gpu_index("cpu"), gpu_index("cuda"), gpu_index("cuda:1")
+    (None, 0, 1)
+    """
+    name = str(device)
+    if name == "cpu":
+        return None
+    if name == "cuda" or (name.startswith("cuda:") and name[5:].isdigit()):
+        return int(name[5:] or 0)
+    raise UsageError(f"device must be 'cpu', 'cuda' or 'cuda:N' (GPU N, counted from 0), not {device!r}")
+
+
+def forward(images: Any, cnn: Cnn, device: Any = "cpu", out: Any = None) -> Any:
     """The network's outputs for `images`: a (N, 10) float64 numpy array, or (10,) for one image.
 
     `images` is one (100, 100) image or a batch (N, 100, 100) of anything numpy reads: a list, a view,
     Fortran order; float32 and every other float or integer dtype are converted once to float64 (so
     float32 inputs give the outputs of their float64 values). `device="cpu"` runs numpy, bit for bit
-    the lab's cpu.rs; `device="cuda"` runs the CUDA kernels, within the lab's comparison rule of it.
+    the lab's cpu.rs; `device="cuda"` (GPU 0) or `"cuda:N"` (GPU N) runs the CUDA kernels, within the lab's
+    comparison rule of it.
     On the GPU, `images` may also be a device array (CuPy, a PyTorch CUDA tensor, Numba: anything with
     `__cuda_array_interface__`), C-ordered float64, read where it lies, and `out` a float64 device
     array of the result's shape that receives the outputs on the device (then returned). A wrong
@@ -100,13 +114,12 @@ def forward(images: Any, cnn: Cnn, device: str = "cpu", out: Any = None) -> Any:
     """
     if not isinstance(cnn, Cnn):
         raise UsageError(f"cnn must be a cnnlab.Cnn (load_cnn(path), or Cnn(filters, weights)), not {type(cnn).__name__}")
-    if device == "cuda":
+    gpu = gpu_index(device)
+    if gpu is not None:
         from cnnlab.cuda.context import CudaContext
 
-        with CudaContext(cnn) as gpu:
-            return gpu.forward(images, out)
-    if device != "cpu":
-        raise UsageError(f"device must be one of {', '.join(DEVICES)}, not {device!r}")
+        with CudaContext(cnn, device=gpu) as context:
+            return context.forward(images, out)
     if out is not None:
         raise ArrayError("out takes a device array, with device='cuda'; on the CPU, forward returns a new numpy array")
     if device_array(images) is not None:

@@ -122,8 +122,9 @@ def test_a_cnn_that_is_not_what_the_network_needs_is_refused(rng: np.random.Gene
 
 def test_usage_errors(rng: np.random.Generator) -> None:
     cnn, images = random_cnn(rng), random_values(rng, 1, 100, 100)
-    with pytest.raises(cnnlab.UsageError, match="device must be one of cpu, cuda, not 'gpu'"):
-        cnnlab.forward(images, cnn, device="gpu")
+    for device in ("gpu", "cuda:x", "cuda:-1", "cuda1", 1):
+        with pytest.raises(cnnlab.UsageError, match=rf"device must be 'cpu', 'cuda' or 'cuda:N' \(GPU N, counted from 0\), not {device!r}"):
+            cnnlab.forward(images, cnn, device=device)
     with pytest.raises(cnnlab.ArrayError, match="out takes a device array, with device='cuda'"):
         cnnlab.forward(images, cnn, out=np.empty((1, 10)))
     with pytest.raises(cnnlab.UsageError, match="batch must be a positive number"):

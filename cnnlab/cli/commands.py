@@ -10,11 +10,12 @@ import argparse
 import json
 import os
 import sys
+from functools import partial
 from pathlib import Path
 from typing import TextIO
 
 from cnnlab import interrupts
-from cnnlab.errors import STANDARD_STREAM, OutputFileError, UsageError, shown
+from cnnlab.errors import STANDARD_STREAM, DeviceError, OutputFileError, UsageError, shown
 from cnnlab.files.formats import trailing_data_note
 from cnnlab.files.labcsv import read_cnn
 from cnnlab.files.safety import AtomicOutput, output_target, refuse_same_file, writing
@@ -26,10 +27,11 @@ DEFAULT_OUTPUTS = {"cpu": Path("out/out.csv"), "cuda": Path("out/out_cuda.csv")}
 
 
 def make_backend(
-    mode: str, cnn: Cnn, batch_size: int | None, host_parse: bool = False, kernel: str | None = None, threads: int | None = None
+    mode: str, cnn: Cnn, batch_size: int | None, host_parse: bool = False, kernel: str | None = None, threads: int | None = None,
+    gpus: list[int] | None = None,
 ) -> Backend:
-    """The backend for `mode` on `threads` host threads; the CUDA one, running rung `kernel` of the ladder, is imported
-    only when asked for."""
+    """The backend for `mode` on `threads` host threads; the CUDA one, running rung `kernel` of the ladder on the GPUs
+    `gpus` (default GPU 0; several: each batch spread over them), is imported only when asked for."""
     if mode == "cpu":
         from cnnlab.cpu.backend import CpuBackend
 
@@ -37,7 +39,32 @@ def make_backend(
     from cnnlab.cuda.context import CudaContext
     from cnnlab.cuda.ladder import DEFAULT_KERNEL, LaunchConfig
 
-    return CudaContext(cnn, batch_size, LaunchConfig(kernel=kernel or DEFAULT_KERNEL), parse_csv=not host_parse, threads=threads)
+    gpus = gpus or [0]
+    share = None if batch_size is None else max(1, -(-batch_size // len(gpus)))  # a batch's images over the GPUs
+    config = LaunchConfig(kernel=kernel or DEFAULT_KERNEL)
+    make = partial(CudaContext, cnn, share, config, parse_csv=not host_parse, threads=threads)
+    if len(gpus) == 1:
+        return make(device=gpus[0])
+    from cnnlab.cuda.spread import Spread
+
+    return Spread([partial(make, device=gpu) for gpu in gpus])
+
+
+def named_gpus(devices: str | None, device: int | None) -> list[int] | None:
+    """The GPUs --devices ("all", or indices separated by commas) or --device names; None for neither (GPU 0)."""
+    if devices is None:
+        return None if device is None else [device]
+    if devices == "all":
+        from cnnlab.cuda.driver import device_errors, import_driver
+
+        driver = import_driver()
+        with device_errors("cannot start CUDA"):
+            driver.init()
+            count = driver.Device.count()
+        if count == 0:
+            raise DeviceError("no CUDA device found")
+        return list(range(count))
+    return [int(index) for index in devices.split(",")]
 
 
 def warn_trailing(input_path: str | os.PathLike, images: int, line: int | None) -> None:
@@ -63,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"the output and --timing-json cannot both be written to descriptor {output.descriptor} (-)")
         refuse_same_file(args.timing_json, {"input file": input_path, "CNN file": cnn_path, "output file": output_path})
     cnn = read_cnn(cnn_path)
-    with make_backend(args.mode, cnn, args.batch, args.host_parse, args.kernel, args.threads) as backend:
+    gpus = named_gpus(args.devices, args.device)
+    with make_backend(args.mode, cnn, args.batch, args.host_parse, args.kernel, args.threads, gpus) as backend:
         interrupts.raise_if_received()  # the backend's modules were imported just now
         stats = run_network(backend, input_path, output_path, read_ahead=args.read_ahead)
         device = backend.device

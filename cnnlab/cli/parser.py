@@ -34,6 +34,18 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _gpu(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a GPU's index (0, 1, ...), not {text!r}")
+    return int(text)
+
+
+def _gpus(text: str) -> str:
+    if text != "all" and not all(part.isdigit() for part in text.split(",")):
+        raise argparse.ArgumentTypeError(f"expected all, or GPU indices separated by commas (0,1), not {text!r}")
+    return text
+
+
 def _seed(text: str) -> int:
     try:
         value = int(text)
@@ -129,6 +141,14 @@ def _add_run(subcommands: Any, mode: str) -> None:
             action="store_true",
             help="parse CSV input on the host's cores, as cpu mode does, instead of on the GPU (the default)",
         )
+        gpus = run.add_mutually_exclusive_group()
+        gpus.add_argument("--device", type=_gpu, metavar="N", help="the GPU that computes, counted from 0 as nvidia-smi does (default 0)")
+        gpus.add_argument(
+            "--devices",
+            type=_gpus,
+            metavar="all|N,M,...",
+            help="spread each batch over several GPUs (every GPU, or those listed), the outputs in input order in one file",
+        )
         run.add_argument(
             "--kernel",
             choices=list(BY_NAME),
@@ -136,7 +156,7 @@ def _add_run(subcommands: Any, mode: str) -> None:
             help=f"the rung of the optimization ladder that computes (README; default {DEFAULT_KERNEL}, the design card's "
             f"conv2d_relu + flattened_to_dense): {', '.join(BY_NAME)}",
         )
-    run.set_defaults(handler=commands.run, mode=mode, host_parse=False, kernel=None)
+    run.set_defaults(handler=commands.run, mode=mode, host_parse=False, kernel=None, device=None, devices=None)
 
 
 def _add_generate(subcommands: Any) -> None:

@@ -26,12 +26,12 @@ from typing import Any
 import numpy as np
 
 from cnnlab.arrays import DeviceArray, check_device_images, check_device_outputs, device_array, host_images
-from cnnlab.cuda.driver import context_lost, device_errors, import_driver, synchronize_stream
+from cnnlab.cuda.driver import context_lost, device_errors, import_driver, pointer_device, synchronize_stream
 from cnnlab.cuda.kernels import FindNonFinite, SumSegments
 from cnnlab.cuda.ladder import LaunchConfig, launcher
 from cnnlab.cuda.lanes import ChunkSource, CsvText, DeviceOutputs, HostImages, Lanes, ResidentImages
 from cnnlab.cuda.launchers import KERNEL_BUILD, DeviceSetup, Launcher
-from cnnlab.cuda.memory import Allocator
+from cnnlab.cuda.memory import Allocator, is_page_locked
 from cnnlab.cuda.nvcc import ensure_modules
 from cnnlab.errors import ArrayError, DeviceError
 from cnnlab.network import INPUT_DIM, OUT_LAYER_SIZE, Cnn, ImageBatch, OutputBatch, TextBatching, default_threads, require_finite
@@ -44,6 +44,10 @@ DEFAULT_BATCH_IMAGES = 2048
 # tools/profile_cuda_csv.py): 256 a batch loop 0.16-0.19 s, 512 0.27-0.31 s, where making the larger
 # windows page-locked cost more than the fewer hand-offs saved.
 DEFAULT_TEXT_BATCH_IMAGES = 256
+
+
+def _numbered(count: int) -> str:
+    return "GPU 0" if count == 1 else f"GPUs 0 to {count - 1}"
 
 
 @dataclass
@@ -61,13 +65,13 @@ class CudaContext:
 
     def __init__(
         self, cnn: Cnn, batch_size: int | None = None, config: LaunchConfig | None = None, parse_csv: bool = True,
-        threads: int | None = None,
+        threads: int | None = None, device: int = 0,
     ) -> None:
-        """Start the driver, load the kernels, put the weights on device 0 and make the lanes.
+        """Start the driver, load the kernels, put the weights on GPU `device` and make the lanes.
 
         `batch_size`: images per compute() call from the command line; `config`: how the work is spread;
         `parse_csv`: whether CSV text is parsed on the device (the command line's cuda mode); `threads`: the host
-        threads that read the input (default: every core).
+        threads that read the input (default: every core); `device`: which GPU, counted from 0 as nvidia-smi does.
         """
         self.config = config or LaunchConfig()
         self._parse_csv = parse_csv  # CSV input parsed here on the device; False: by the host's reader
@@ -81,9 +85,13 @@ class CudaContext:
         self._lanes: Lanes | None = None
         with device_errors("cannot start CUDA"):
             driver.init()
-            if driver.Device.count() == 0:
+            count = driver.Device.count()
+            if count == 0:
                 raise DeviceError("no CUDA device found")
-            device = driver.Device(0)
+            if not 0 <= device < count:
+                raise DeviceError(f"there is no GPU {device}: this machine has {count} ({_numbered(count)})")
+            self.device_index = device
+            device = driver.Device(device)
             # The primary context, as the CUDA runtime uses: other libraries in the process share it.
             self._context = device.retain_primary_context()
             self._context.push()
@@ -141,7 +149,7 @@ class CudaContext:
         """Outputs for a host batch of images, or of CSV text (labcsv.CsvBatch) parsed here on the device (its values
         are finite: the parser refuses the rest). `check_finite`: an ArrayError where an image holds a NaN or an infinity."""
         if isinstance(batch, ImageBatch):
-            source = HostImages(batch.images, self.chunk_images, self.memory.is_page_locked(batch.images))
+            source = HostImages(batch.images, self.chunk_images, is_page_locked(batch.images))
             return self._lanes.run(len(batch), source, check_finite=check_finite)
         chunk = self.csv_text.chunk_images
         return self._lanes.run(len(batch), CsvText(batch, chunk, self._csv_module), chunk)
@@ -183,7 +191,7 @@ class CudaContext:
                     if array.stream is not None:
                         synchronize_stream(array.stream)
         if host is not None:
-            page_locked = host.dtype == np.float64 and host.flags.c_contiguous and self.memory.is_page_locked(host)
+            page_locked = host.dtype == np.float64 and host.flags.c_contiguous and is_page_locked(host)
             source: ChunkSource = HostImages(host, self.chunk_images, page_locked)
         else:
             source = ResidentImages(source_array.address, self.chunk_images)
@@ -200,13 +208,19 @@ class CudaContext:
             raise
 
     def _check_device_memory(self, array: DeviceArray, what: str) -> None:
-        """An ArrayError unless `array` lies wholly in one allocation of this context (device 0's primary one):
-        a kernel that read elsewhere would fault and lose the context."""
+        """An ArrayError unless `array` lies wholly in one allocation of this GPU's memory: a kernel that read elsewhere
+        would fault and lose the context."""
+        holder = pointer_device(array.address)
+        if holder is not None and holder != self.device_index:
+            raise ArrayError(
+                f"{what} lie on GPU {holder}, and this context computes on GPU {self.device_index}: use device='cuda:{holder}' "
+                f"(CudaContext(cnn, device={holder})), or copy them to GPU {self.device_index}"
+            )
         try:
             base, size = self.driver.mem_get_address_range(array.address)
         except self.driver.Error:
             raise ArrayError(
-                f"{what} at {array.address:#x} is not device memory of GPU 0's primary context, which cnnlab uses"
+                f"{what} at {array.address:#x} is not device memory of GPU {self.device_index}'s primary context, which cnnlab uses"
             ) from None
         if array.address + array.nbytes > int(base) + size:
             raise ArrayError(f"{what} ({array.nbytes} bytes at {array.address:#x}) run past the end of their allocation")

@@ -17,23 +17,39 @@ from typing import Any
 from cnnlab.errors import DeviceError, DeviceLostError, memory_limit_note
 
 
-def _start() -> None:
-    """cuInit and device 0's primary context, or nothing where there is no driver: cuda mode says so later, in one
-    line. The context retained here is released by the process's end (CudaContext keeps its own reference)."""
+def _start(indices: list[int] | None) -> None:
+    """cuInit and the primary context of each GPU of `indices` (None: every GPU), or nothing where there is no driver:
+    cuda mode says so later, in one line. The contexts retained here are released by the process's end (a
+    CudaContext keeps its own reference)."""
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
     except OSError:
         return
-    device, context = ctypes.c_int(), ctypes.c_void_p()
-    if cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(device), 0) == 0:
-        cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device)
+    count = ctypes.c_int()
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return
+    for index in range(count.value) if indices is None else indices:
+        device, context = ctypes.c_int(), ctypes.c_void_p()
+        if cuda.cuDeviceGet(ctypes.byref(device), index) == 0:
+            cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device)
 
 
-def start_driver() -> threading.Thread:
-    """Start the driver in the background; join the thread before the process ends."""
-    thread = threading.Thread(target=_start, name="cnnlab-cuda-start", daemon=True)
+def start_driver(indices: list[int] | None = None) -> threading.Thread:
+    """Start the driver and the GPUs of `indices` (None: every GPU) in the background; join the thread before the
+    process ends."""
+    thread = threading.Thread(target=_start, args=(indices,), name="cnnlab-cuda-start", daemon=True)
     thread.start()
     return thread
+
+
+def pointer_device(address: int) -> int | None:
+    """The GPU whose memory holds `address` (the driver's unified addresses say so in any context), or None where it
+    is not device memory the driver knows."""
+    cuda = ctypes.CDLL("libcuda.so.1")
+    ordinal = ctypes.c_int()
+    pointer_attribute_device_ordinal = 9  # CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+    result = cuda.cuPointerGetAttribute(ctypes.byref(ordinal), pointer_attribute_device_ordinal, ctypes.c_uint64(address))
+    return ordinal.value if result == 0 else None
 
 
 def import_driver() -> Any:

@@ -16,6 +16,19 @@ import numpy as np
 
 from cnnlab.network import own_pages
 
+# Page-locked buffers are registered portable: every context of the process (a GPU each, with several GPUs) copies
+# from them directly. Which ranges are page-locked is the process's to know, not one allocator's.
+HOST_REGISTER_PORTABLE = 0x01  # CU_MEMHOSTREGISTER_PORTABLE
+_PAGE_LOCKED: list[tuple[int, int]] = []  # (start, end) of every page-locked buffer out
+_PAGE_LOCKED_LOCK = threading.Lock()
+
+
+def is_page_locked(array: np.ndarray) -> bool:
+    """Whether `array` starts in a page-locked buffer some Allocator of this process made."""
+    start = array.ctypes.data
+    with _PAGE_LOCKED_LOCK:
+        return any(low <= start < high for low, high in _PAGE_LOCKED)
+
 
 class Allocator:
     """Device and page-locked host memory: alloc, free, and free_all for whatever is still out.
@@ -45,7 +58,10 @@ class Allocator:
         nbytes = math.prod(shape if isinstance(shape, tuple) else (shape,)) * dtype.itemsize
         buffer = own_pages(nbytes).view(dtype).reshape(shape)
         if nbytes:
-            self._call("cuMemHostRegister_v2", ctypes.c_void_p(buffer.ctypes.data), ctypes.c_size_t(nbytes), ctypes.c_uint(0))
+            address = buffer.ctypes.data
+            self._call("cuMemHostRegister_v2", ctypes.c_void_p(address), ctypes.c_size_t(nbytes), ctypes.c_uint(HOST_REGISTER_PORTABLE))
+            with _PAGE_LOCKED_LOCK:
+                _PAGE_LOCKED.append((address, address + nbytes))
         with self._lock:
             self._host.append(buffer)
         return buffer
@@ -60,7 +76,10 @@ class Allocator:
         if not isinstance(allocation, np.ndarray):
             allocation.free()
         elif allocation.nbytes:  # the pages are unmapped once the last array on them is gone
-            self._call("cuMemHostUnregister", ctypes.c_void_p(allocation.ctypes.data))
+            address = allocation.ctypes.data
+            with _PAGE_LOCKED_LOCK:
+                _PAGE_LOCKED.remove((address, address + allocation.nbytes))
+            self._call("cuMemHostUnregister", ctypes.c_void_p(address))
 
     def _call(self, name: str, *args: Any) -> None:
         """A driver call through ctypes (the GIL released), its error raised as PyCUDA raises the driver's errors."""
@@ -70,11 +89,6 @@ class Allocator:
             text = ctypes.c_char_p()
             cuda.cuGetErrorString(result, ctypes.byref(text))
             raise self._driver.Error(f"{name} failed: {(text.value or b'error %d' % result).decode()}")
-
-    def is_page_locked(self, array: np.ndarray) -> bool:
-        start = array.ctypes.data
-        with self._lock:
-            return any(buffer.ctypes.data <= start < buffer.ctypes.data + buffer.nbytes for buffer in self._host)
 
     def free_all(self) -> None:
         for allocation in [*self._device, *self._host]:

@@ -138,6 +138,18 @@ class CsvBatch:
     def __len__(self) -> int:
         return self.images
 
+    def split(self, parts: int, every: int) -> list[CsvBatch]:
+        """The batch as up to `parts` batches in order, each of whole pieces of `every` images (the span's pieces of the
+        device's chunk), as even in images as whole pieces allow: a share of the batch for each of several GPUs."""
+        pieces = self.span.pieces(every * INPUT_DIM)
+        shares = [pieces[len(pieces) * k // parts : len(pieces) * (k + 1) // parts] for k in range(parts)]
+        batches = []
+        for share in filter(None, shares):
+            rows = sum(piece.rows for piece in share)
+            span = Span(self.span.data, share[0].start, share[-1].end, rows, share[0].line_before, tuple(share))
+            batches.append(CsvBatch(self.path, span, rows // INPUT_DIM))
+        return batches
+
     def parse_on_host(self, piece: Span, out: np.ndarray) -> None:
         """Parse a piece of the span here: what the device declined, which names a bad line as the host always does."""
         parse_rows(self.path, piece, INPUT_DIM, out)

@@ -1,0 +1,166 @@
+"""Several GPUs as one backend (cnnlab/cuda/spread.py): a batch's shares in order, one output file, faults as one GPU's.
+
+Where there is one GPU or none, stand-ins take the GPUs' places: CPU backends (the splitting, the ordering, the output
+file and the faults, in CI) and several contexts on GPU 0 (the contexts' own threads and page-locked buffers shared
+between them, on the GPU machine).
+"""
+
+from __future__ import annotations
+
+import threading
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import assert_one_line_error, assert_within_rule, cnnlab, cpu_outputs, random_cnn, why_no_gpu, write_files
+
+from cnnlab.cli import commands
+from cnnlab.cli import main as cli
+from cnnlab.cpu.backend import CpuBackend
+from cnnlab.cuda.spread import Spread
+from cnnlab.errors import DeviceError
+from cnnlab.files.labcsv import CsvImageReader, read_output_rows
+from cnnlab.generate import random_values
+from cnnlab.network import Cnn, ImageBatch
+from cnnlab.run import run_network
+
+GPU = pytest.mark.skipif(why_no_gpu() is not None, reason=str(why_no_gpu()))
+
+
+class StandIn(CpuBackend):
+    """A GPU's place taken by a CPU backend on one thread, which notes the thread it computes on and may fail."""
+
+    def __init__(self, cnn: Cnn, fail_at: int | None = None) -> None:
+        super().__init__(cnn, threads=1)
+        self.name, self.calls, self.fail_at, self.threads_seen = "cuda", 0, fail_at, set()
+        self.made_on = threading.current_thread().name
+
+    def compute(self, batch: ImageBatch, check_finite: bool = False):  # type: ignore[override]
+        self.calls += 1
+        self.threads_seen.add(threading.current_thread().name)
+        if self.calls == self.fail_at:
+            raise DeviceError("CUDA error while computing: an illegal memory access was encountered")
+        return super().compute(batch, check_finite)
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 3])
+def test_a_batch_spread_over_stand_ins_gives_the_outputs_in_order(rng: np.random.Generator, gpus: int) -> None:
+    cnn = random_cnn(rng)
+    with Spread([partial(StandIn, cnn) for _ in range(gpus)]) as spread:
+        for count in (1, 2, 5, 37):
+            images = random_values(rng, count, 100, 100)
+            got = spread.compute(ImageBatch(images)).values
+            assert np.array_equal(got.view(np.uint64), cpu_outputs(cnn, images).view(np.uint64)), count
+        backends = spread._backends
+    for backend in backends:  # each computed on the thread that made it, its own
+        assert backend.threads_seen == {backend.made_on} and backend.made_on.startswith("cnnlab-gpu-")
+    assert len({backend.made_on for backend in backends}) == gpus
+
+
+@pytest.mark.parametrize("name", ["in.csv", "in.npy"])
+def test_a_run_spread_over_stand_ins_writes_the_one_output_in_input_order(tmp_path: Path, rng: np.random.Generator, name: str) -> None:
+    cnn = random_cnn(rng)
+    images = random_values(rng, 29, 100, 100)
+    _, csv_path = write_files(tmp_path, cnn, images)
+    np.save(tmp_path / "in.npy", images)
+    with Spread([partial(StandIn, cnn) for _ in range(3)]) as spread:
+        spread.batch_size = 7  # several batches, each split in three
+        stats = run_network(spread, tmp_path / name, tmp_path / "out.csv")
+    assert stats.images == 29 and stats.batch_size == 7
+    assert np.array_equal(np.array(read_output_rows(tmp_path / "out.csv")), cpu_outputs(cnn, images))
+
+
+def test_a_gpu_that_fails_ends_the_run_in_one_line_with_nothing_written(
+    tmp_path: Path, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cnn_path, input_path = write_files(tmp_path, random_cnn(rng), random_values(rng, 12, 100, 100))
+    (tmp_path / "out.csv").write_text("old\n")
+
+    def spread(mode: str, cnn: Cnn, batch: int | None, *options: object) -> Spread:
+        made = Spread([partial(StandIn, cnn), partial(StandIn, cnn, fail_at=2)])  # the second GPU fails on its second share
+        made.batch_size = 4
+        return made
+
+    monkeypatch.setattr(commands, "make_backend", spread)
+    assert cli.main(["cuda", str(cnn_path), str(input_path), str(tmp_path / "out.csv"), "--devices", "0,1"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == "cnnlab: CUDA error while computing: an illegal memory access was encountered\n" and captured.out == ""
+    assert (tmp_path / "out.csv").read_text() == "old\n"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["cnn.csv", "in.csv", "out.csv"]
+
+
+def test_a_gpu_that_cannot_start_closes_the_others(rng: np.random.Generator) -> None:
+    cnn = random_cnn(rng)
+    closed = []
+
+    class Closing(StandIn):
+        def close(self) -> None:
+            closed.append(self.made_on)
+            super().close()
+
+    def cannot_start() -> StandIn:
+        raise DeviceError("there is no GPU 5: this machine has 2 (GPUs 0 to 1)")
+
+    with pytest.raises(DeviceError, match="there is no GPU 5"):
+        Spread([partial(Closing, cnn), cannot_start, partial(Closing, cnn)])
+    assert sorted(closed) == ["cnnlab-gpu-0", "cnnlab-gpu-2"]
+
+
+def test_csv_text_splits_into_whole_pieces_in_order(tmp_path: Path, rng: np.random.Generator) -> None:
+    """A batch of CSV text as shares of whole pieces of the chunk, for the GPUs: in order, covering the batch, each
+    share's pieces the batch's own."""
+    _, path = write_files(tmp_path, random_cnn(rng), random_values(rng, 23, 100, 100))
+    with CsvImageReader(path) as reader:
+        batch = reader.read_text(23, 3)
+    assert batch is not None
+    pieces = batch.span.pieces(300)
+    for parts in (1, 2, 3, 5, 8, 20):
+        shares = batch.split(parts, 3)
+        assert len(shares) == min(parts, len(pieces))
+        assert [piece for share in shares for piece in share.span.pieces(300)] == pieces
+        assert sum(len(share) for share in shares) == 23 and shares[0].span.start == batch.span.start
+        assert all(a.span.end == b.span.start for a, b in zip(shares, shares[1:])) and shares[-1].span.end == batch.span.end
+        assert max(len(share) for share in shares) - min(len(share) for share in shares) <= 3  # as even as whole pieces allow
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--devices", "0,x"], "expected all, or GPU indices"),
+        (["--device", "-1"], "expected a GPU's index"),
+        (["--device", "1", "--devices", "all"], "not allowed with argument --device"),
+    ],
+)
+def test_gpus_are_named_by_index(arguments: list[str], message: str) -> None:
+    assert message in assert_one_line_error(cnnlab("cuda", *arguments))
+
+
+@GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["in.csv", "in.npy"])
+def test_two_contexts_on_one_gpu_write_what_one_context_writes(tmp_path: Path, rng: np.random.Generator, name: str) -> None:
+    """GPU 0 named twice: two contexts, each on its own thread, spreading each batch (CSV parsed on the device, or
+    .npy from page-locked memory the first one made): the same bytes as one context's run, within the lab's rule."""
+    cnn, images = random_cnn(rng), random_values(rng, 700, 100, 100)
+    cnn_path, _ = write_files(tmp_path, cnn, images)
+    np.save(tmp_path / "in.npy", images)
+    for out, gpus in (("one.csv", "0"), ("two.csv", "0,0")):
+        result = cnnlab("cuda", cnn_path, tmp_path / name, tmp_path / out, "--devices", gpus, "--batch", "300")
+        assert result.returncode == 0, result.stderr
+    assert (tmp_path / "two.csv").read_bytes() == (tmp_path / "one.csv").read_bytes()
+    assert_within_rule(np.array(read_output_rows(tmp_path / "two.csv")), cpu_outputs(cnn, images), cnn, images)
+
+
+@GPU
+@pytest.mark.gpu
+def test_a_gpu_that_does_not_exist_is_one_line_naming_how_many_there_are(rng: np.random.Generator) -> None:
+    import pycuda.driver as driver
+
+    from cnnlab.cuda.context import CudaContext
+
+    driver.init()
+    count = driver.Device.count()
+    with pytest.raises(DeviceError, match=rf"there is no GPU {count}: this machine has {count} \(GPU"):
+        CudaContext(random_cnn(rng), device=count)
+    assert f"there is no GPU {count}: this machine has {count}" in assert_one_line_error(cnnlab("cuda", "--device", str(count)))
