@@ -70,6 +70,7 @@ def build_kernels() -> None:
         for source in map(kernel_source, SOURCES):  # an installed package trusts its fatbins: never ship a stale one
             if is_stale(source, source.with_suffix(".fatbin")):
                 source.with_suffix(".fatbin").unlink(missing_ok=True)
+                source.with_suffix(".ptx").unlink(missing_ok=True)
         print("cnnlab: building the kernels' fatbins failed (see above): the package carries only up-to-date ones", file=sys.stderr)
 
 

@@ -145,3 +145,19 @@ def test_bench_plot_without_matplotlib_is_one_line_saying_how_to_install_it(tmp_
 
 def test_bench_refuses_unknown_rows() -> None:
     assert "unknown bench rows gpu" in assert_one_line_error(cnnlab("bench", "--rows", "cpu,gpu"))
+
+
+def test_bench_startup_rows_time_whole_processes_beside_the_floor(tmp_path: Path) -> None:
+    """cnnlab cpu on the default data, whole processes; with a GPU, the driver's own start (the floor) and cuda mode
+    above it; without one, a note saying why the floor is missing."""
+    result = cnnlab("bench", "--rows", "startup", "--repeats", "2", "--json", tmp_path / "b.json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "b.json").read_text())
+    names = [row["name"] for row in report["startup"]]
+    cpu = next(row for row in report["startup"] if row["name"].startswith("cnnlab cpu"))
+    assert 0 < cpu["spread"][0] <= cpu["seconds"] <= cpu["spread"][1] < 30
+    if names[0].startswith("floor"):
+        floor, cuda = report["startup"][0], next(row for row in report["startup"] if row["name"].startswith("cnnlab cuda"))
+        assert 0 < floor["seconds"] < cuda["seconds"] and f"+{cuda['seconds'] - floor['seconds']:.3f} s" in result.stdout
+    else:
+        assert names == [cpu["name"]] and "start-up floor not measured" in result.stdout

@@ -45,7 +45,27 @@ def test_build_rebuilds_only_when_stale(tmp_path: Path, monkeypatch: pytest.Monk
     assert nvcc.ensure_modules().cnn == built and built.stat().st_mtime_ns != first
     assert set(re.findall(rb"sm_\d+", built.read_bytes())) == {arch.encode() for arch in nvcc.MACHINE_ARCHS}
     assert buildstep.main(["--arch", "sm_90", "--no-ladder"]) == 0
-    assert set(re.findall(rb"sm_\d+", built.read_bytes())) == {b"sm_90"}
+    assert set(re.findall(rb"sm_\d+", built.read_bytes())) == {b"sm_90", b"sm_75"}  # sm_90's code, compute_75's PTX (.target)
+    source.with_suffix(".ptx").unlink()  # the PTX is part of the build: missing, the build is stale
+    assert nvcc.ensure_modules().cnn == built and source.with_suffix(".ptx").exists()
+
+
+@needs_nvcc
+def test_the_fatbin_carries_the_ptx_file_beside_the_source(tmp_path: Path) -> None:
+    """As the lab's build.rs: kernel.ptx beside kernel.cu, and the fatbin's fallback is that PTX (fatbinary keeps it
+    uncompressed, without its comments)."""
+
+    def code(ptx: bytes) -> list[bytes]:  # the lines that are not comments, their white space folded
+        return [b" ".join(line.split()) for line in ptx.split(b"\n") if line.strip() and not line.strip().startswith(b"//")]
+
+    built = nvcc.build_fatbin(nvcc.kernel_source(), tmp_path / "kernel.fatbin", ["sm_90"])
+    ptx = (tmp_path / "kernel.ptx").read_bytes()
+    fatbin = built.read_bytes()
+    start = fatbin.index(b".version")
+    assert code(fatbin[start : fatbin.index(b"\0", start)]) == code(ptx)
+    for entry in nvcc.ENTRY_POINTS:
+        assert f".entry {entry}(".encode() in ptx
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["kernel.fatbin", "kernel.ptx"]
 
 
 def test_missing_nvcc_is_a_one_line_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

@@ -27,7 +27,7 @@ from helpers import (
     write_files,
 )
 
-from cnnlab.bench.report import LADDER_BOUND, BenchOptions, BenchReport, Figure, format_ladder
+from cnnlab.bench.report import D2D_BOUND, BenchOptions, BenchReport, Figure, format_ladder
 from cnnlab.compare import compare_files
 from cnnlab.cpu.backend import CpuBackend
 from cnnlab.cuda import ladder, launchers, nvcc
@@ -55,6 +55,7 @@ ENTRY_POINTS = {
     "ladder/09_fused_tiled.cu": ("fused_tiled",),
     "ladder/10_im2col_mma.cu": ("conv_mma", "dense_mma"),
     "ladder/11_fused_tiled_fma.cu": ("fused_tiled",),
+    "ladder/12_l2_resident.cu": ("conv2d_relu", "dense_coarsened"),
 }
 
 
@@ -69,7 +70,7 @@ def entry(ptx: str, name: str) -> str:
 
 
 def test_every_rung_is_registered_once_with_a_source_that_says_what_it_changes() -> None:
-    assert [rung.number for rung in ladder.RUNGS] == list(range(1, 12))
+    assert [rung.number for rung in ladder.RUNGS] == list(range(1, 13))
     assert len(ladder.BY_NAME) == len(ladder.RUNGS) and ladder.DEFAULT_KERNEL in ladder.BY_NAME
     for rung in ladder.RUNGS:
         text = nvcc.kernel_source(rung.source).read_text()
@@ -111,6 +112,17 @@ def test_each_rung_does_what_its_header_says(tmp_path: Path) -> None:
     assert "mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64" in entry(mma, "conv_mma")
     assert "mma.sync.aligned.m8n8k4" in entry(mma, "dense_mma")
     assert "mma.sync" not in ptx(launchers.MMA_BUILD, "compute_75")
+    # Rung 12: rung 6's conv2d_relu, its images read evict-first (ld.global.cs), which the default's is not.
+    assert "ld.global.cs.v2.f64" in entry(ptx(launchers.L2_BUILD, "compute_90"), "conv2d_relu")
+    assert ".cs." not in entry(ptx(launchers.KERNEL_BUILD, "compute_90"), "conv2d_relu")
+
+
+def test_rung_12s_passes_fill_half_the_l2_with_the_lanes_activations() -> None:
+    for l2, lanes in ((50 << 20, 3), (60 << 20, 3), (50 << 20, 1), (1 << 20, 8)):
+        images = launchers.l2_pass_images(l2, lanes)
+        assert images % launchers.COARSE_IMAGES == 0 and images >= launchers.COARSE_IMAGES
+        assert lanes * images * 32_000 <= l2 / 2 or images == launchers.COARSE_IMAGES
+        assert lanes * (images + launchers.COARSE_IMAGES) * 32_000 > l2 / 2 or images == launchers.COARSE_IMAGES
 
 
 def test_the_tiled_rungs_image_stride_spreads_each_half_warp_over_every_bank() -> None:
@@ -138,11 +150,11 @@ def test_a_rung_the_gpu_cannot_run_is_refused_in_one_line() -> None:
 def test_the_ladder_table_measures_each_rung_against_the_bound_the_rung_below_and_the_best_peer() -> None:
     report = BenchReport(BenchOptions(), fp64_peak=1e12)
     report.figures += [
-        Figure("kernels", "bound: device-to-device copy", 1000.0, key=LADDER_BOUND),
-        Figure("kernels", "1 lab", 10.0, LADDER_BOUND, bytes_per_image=100, flops_per_image=1e6, spread=(9.0, 11.0), check="within rule"),
-        Figure("kernels", "2 batched_global", 40.0, LADDER_BOUND, bytes_per_image=100, flops_per_image=1e6, check="bit-exact"),
-        Figure("peers", "peer: a", 8.0, LADDER_BOUND, flops_per_image=1e6, check="within rule"),
-        Figure("peers", "peer: b", 20.0, LADDER_BOUND, flops_per_image=1e6, check="within rule"),
+        Figure("kernels", "bound: device-to-device copy", 1000.0, key=D2D_BOUND),
+        Figure("kernels", "1 lab", 10.0, D2D_BOUND, bytes_per_image=100, flops_per_image=1e6, spread=(9.0, 11.0), check="within rule"),
+        Figure("kernels", "2 batched_global", 40.0, D2D_BOUND, bytes_per_image=100, flops_per_image=1e6, check="bit-exact"),
+        Figure("peers", "peer: a", 8.0, D2D_BOUND, flops_per_image=1e6, check="within rule"),
+        Figure("peers", "peer: b", 20.0, D2D_BOUND, flops_per_image=1e6, check="within rule"),
     ]
     table = format_ladder(report).splitlines()
     lab = next(line for line in table if line.startswith("1 lab"))
@@ -249,12 +261,29 @@ def test_time_kernels_gives_the_outputs_compute_gives(rng: np.random.Generator) 
 
 
 @on_gpu
+def test_rung_12_gives_the_same_bits_whatever_its_passes(rng: np.random.Generator) -> None:
+    """The passes of rung 12 cut a chunk where they may: each image's sums are the same whichever pass holds it."""
+    from cnnlab.bench.gpu import time_kernels
+    from cnnlab.cuda.context import CudaContext, DeviceImages
+    from cnnlab.cuda.ladder import LaunchConfig
+
+    cnn = random_cnn(rng)
+    images = random_values(rng, 101, 100, 100)
+    with CudaContext(cnn, 101, LaunchConfig(kernel="l2_resident", streams=1)) as gpu:
+        resident = DeviceImages(gpu.upload(ImageBatch(images)).allocation, 101)
+        outputs = [time_kernels(gpu, launchers.l2_resident(gpu.setup, 1, passes), resident, 1).outputs.values for passes in (4, 28, 1000)]
+    for got in outputs[1:]:
+        assert got.view(np.uint64).tolist() == outputs[0].view(np.uint64).tolist()
+    assert_within_rule(outputs[0], cpu_outputs(cnn, images), cnn, images)
+
+
+@on_gpu
 def test_bench_kernels_rows_hold_every_rung_checked(tmp_path: Path) -> None:
     result = cnnlab("bench", "--rows", "kernels", "--images", "2048", "--repeats", "2", "--json", tmp_path / "b.json")
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "b.json").read_text())
     rungs = [figure for figure in report["figures"] if figure["row"] == "kernels" and figure["key"] is None]
-    assert [int(figure["name"].split()[0]) for figure in rungs] == list(range(1, 12))
+    assert [int(figure["name"].split()[0]) for figure in rungs] == list(range(1, 13))
     for figure in rungs:
         assert figure["check"] in ("bit-exact", "within rule"), figure
         assert 0 < figure["of_bound"] < 1.5 and figure["spread"][0] <= figure["images_per_second"] <= figure["spread"][1]

@@ -1,29 +1,36 @@
 #!/usr/bin/env python3
-"""Tune the ladder's top rungs (fused_tiled and fused_tiled_fma, kernel/ladder/09_fused_tiled.cu) on a
-GPU: built at several tile sizes and stage counts, with the bit-exact conv (rung 9) and with FMAs in
-the conv (FT_EXACT_CONV=0, rung 11), each timed on the same resident images with CUDA events against
-the device-to-device copy of those images, its outputs checked against the CPU's under the lab's rule.
+"""Tune the ladder's rungs on a GPU, each variant timed on the same resident images with CUDA events against the
+device-to-device copy of those images, its outputs checked against the CPU's under the lab's rule:
 
-    python tools/ladder_sweep.py [--images N] [--repeats R] [--seed S]
+- fused: fused_tiled and fused_tiled_fma (kernel/ladder/09_fused_tiled.cu) at several tile sizes and stage
+  counts, with the bit-exact conv (rung 9) and with FMAs in the conv (FT_EXACT_CONV=0, rung 11);
+- l2: the card's two kernels a pass at a time (rung 12, kernel/ladder/12_l2_resident.cu) at several pass
+  sizes, with and without the images read evict-first, beside rungs 6 and 7 (activations to device memory);
+  then the resident row (CudaContext.compute_resident, three lanes) with rung 6 and with rung 12.
 
-Prints one line a variant: images/s (median, slowest..fastest), share of the bound, registers a
-thread and shared memory a block, blocks per multiprocessor, and the check.
+    python tools/ladder_sweep.py [fused] [l2] [--images N] [--repeats R] [--seed S]
+
+Prints one line a variant: images/s (median, slowest..fastest), share of the bound, and the check; for the
+fused rungs also registers a thread, shared memory a block and blocks per multiprocessor.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 
 from cnnlab.bench.gpu import device_copy_rate, time_kernels  # noqa: E402
+from cnnlab.bench.report import median_rate  # noqa: E402
 from cnnlab.compare import rule_verdict  # noqa: E402
 from cnnlab.cpu.backend import CpuBackend  # noqa: E402
-from cnnlab.cuda import launchers  # noqa: E402
+from cnnlab.cuda import ladder, launchers  # noqa: E402
 from cnnlab.cuda.context import CudaContext  # noqa: E402
 from cnnlab.cuda.driver import device_errors  # noqa: E402
 from cnnlab.cuda.ladder import LaunchConfig  # noqa: E402
@@ -34,11 +41,22 @@ from cnnlab.network import IMAGE_BYTES, Cnn, ImageBatch  # noqa: E402
 # (images per tile, stages, exact conv): 8 x 2 is the rungs' shape (two blocks a multiprocessor); 16 x 2
 # fits one block, 8 x 3 and 8 x 4 one block with a deeper pipeline.
 VARIANTS = ((8, 2, True), (16, 2, True), (8, 3, True), (8, 2, False), (16, 2, False), (8, 3, False))
+PASSES = (None, 64, 128, 256, 512, 1024, 2048)  # rung 12's images a pass (None: from the L2's size, one lane)
 CHECK_IMAGES = 256
+
+
+def report(name: str, timing: Any, bound: float, want: np.ndarray, extra: str = "") -> None:
+    rates = sorted(len(timing.outputs) / seconds for seconds in timing.seconds)
+    check = rule_verdict(timing.outputs.values[:CHECK_IMAGES], want)
+    print(
+        f"{name:<40} {timing.images_per_second:>12,.0f} images/s ({rates[0]:,.0f}..{rates[-1]:,.0f}) "
+        f"{timing.images_per_second / bound:6.1%} of D2D;{extra} {check}"
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("parts", nargs="*", choices=("fused", "l2"), default=("fused", "l2"), help="which rungs to sweep (default both)")
     parser.add_argument("--images", type=int, default=65536)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--seed", type=int)
@@ -52,7 +70,7 @@ def main() -> int:
         resident = context.upload(ImageBatch(images))
         bound = device_copy_rate(context, resident, args.repeats) / IMAGE_BYTES
         print(f"{context.device}: device-to-device copy bound {bound:,.0f} images/s")
-        for tile, stages, exact in VARIANTS:
+        for tile, stages, exact in VARIANTS if "fused" in args.parts else ():
             sizes = launchers.fused_tiled_sizes(tile, stages, exact)
             build = launchers.Build(launchers.FUSED_TILED_BUILD.source, sizes, f"t{tile}s{stages}{'' if exact else 'fma'}")
             shared = launchers.fused_tiled_shared_bytes(sizes)
@@ -65,14 +83,35 @@ def main() -> int:
             except CnnlabError as error:
                 print(f"{name}: not run: {error}")
                 continue
-            rates = sorted(len(timing.outputs) / seconds for seconds in timing.seconds)
-            check = rule_verdict(timing.outputs.values[:CHECK_IMAGES], want)
-            print(
-                f"{name:<36} {timing.images_per_second:>12,.0f} images/s ({rates[0]:,.0f}..{rates[-1]:,.0f}) "
-                f"{timing.images_per_second / bound:6.1%} of D2D; {registers} registers, {shared:,} B shared, "
-                f"{context.setup.blocks_per_sm(tile * 20, shared)} blocks/SM; {check}"
-            )
+            blocks = context.setup.blocks_per_sm(tile * 20, shared)
+            report(name, timing, bound, want, f" {registers} registers, {shared:,} B shared, {blocks} blocks/SM;")
+        if "l2" in args.parts:
+            l2 = context.setup.l2_bytes
+            passes = {lanes: launchers.l2_pass_images(l2, lanes) for lanes in (1, 3)}
+            print(f"L2: {l2 / 2**20:.0f} MB; rung 12's pass from it, one lane: {passes[1]} images, three lanes: {passes[3]}")
+            plain = launchers.Build(launchers.L2_BUILD.source, {**launchers.L2_BUILD.sizes, "CONV_STREAMING_LOADS": 0}, "plain")
+            for name, make in (
+                ("rung 6 warp_shuffle (activations to HBM)", lambda: ladder.launcher("warp_shuffle", context.setup, LaunchConfig())),
+                ("rung 7 coarsened (activations to HBM)", lambda: ladder.launcher("coarsened", context.setup, LaunchConfig())),
+                *((f"rung 12, {passes or 'auto'} a pass, evict-first", partial(launchers.l2_resident, context.setup, 1, passes))
+                  for passes in PASSES),
+                *((f"rung 12, {passes} a pass, plain loads", partial(launchers.l2_resident, context.setup, 1, passes, plain))
+                  for passes in (256, 1024)),
+            ):
+                try:
+                    with device_errors(f"cannot load {name}"):
+                        launcher = make()
+                    report(name, time_kernels(context, launcher, resident, args.repeats), bound, want)
+                except CnnlabError as error:
+                    print(f"{name}: not run: {error}")
         context.free(resident)
+    if "l2" in args.parts:  # the resident row's schedule: three lanes of a third of the images each, compute_resident
+        for kernel in ("warp_shuffle", "l2_resident"):
+            with CudaContext(cnn, args.images, LaunchConfig(kernel=kernel)) as context:
+                resident = context.upload(ImageBatch(images))
+                rate = median_rate(args.images, lambda context=context, resident=resident: context.compute_resident(resident), args.repeats)
+                print(f"resident row, {kernel:<14} {rate:>12,.0f} images/s {rate / bound:6.1%} of D2D (chunk {context.chunk_images})")
+                context.free(resident)
     return 0
 
 

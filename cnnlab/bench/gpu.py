@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from cnnlab.bench.report import LADDER_BOUND, BenchOptions, BenchReport, Figure, median_rate
+from cnnlab.bench.report import D2D_BOUND, BenchOptions, BenchReport, Figure, median_rate
 from cnnlab.compare import rule_verdict
 from cnnlab.cpu.backend import CpuBackend
 from cnnlab.cuda import ladder
 from cnnlab.cuda.driver import device_errors
-from cnnlab.cuda.launchers import SWEEP_BANDS, SWEEP_THREADS, block_sweep
+from cnnlab.cuda.launchers import SWEEP_BANDS, SWEEP_THREADS, activation_images, block_sweep
 from cnnlab.errors import CnnlabError
 from cnnlab.generate import random_values
 from cnnlab.network import FLOPS_PER_IMAGE, IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM, Cnn, ImageBatch, OutputBatch
@@ -47,20 +47,13 @@ class KernelTiming:
         return len(self.outputs) / statistics.median(self.seconds)
 
 
-@dataclass(frozen=True)
-class CopyRates:
-    """The copy bounds in bytes per second: host-to-device from page-locked memory, device-to-device (read + written)."""
-
-    host_to_device: float
-    device_to_device: float
-
-
 def time_kernels(context: CudaContext, rung: Launcher, images: DeviceImages, repeats: int) -> KernelTiming:
     """`rung`'s kernels over resident images as one chunk, timed with CUDA events: a warm-up run, then
     `repeats` timed runs; the outputs are the last run's partials added up on the host as the lanes add them."""
     driver, count = context.driver, images.count
     with device_errors("CUDA error while timing kernels"):
-        conv_out = context.memory.device(count * OUT_NEURON_DIM * 8) if rung.needs_conv_out else None
+        activations = activation_images(rung, count)
+        conv_out = context.memory.device(activations * OUT_NEURON_DIM * 8) if activations else None
         partials = context.memory.device(rung.segments * count * OUT_LAYER_SIZE * 8)
         try:
             stream, start, end = driver.Stream(), driver.Event(), driver.Event()
@@ -82,25 +75,33 @@ def time_kernels(context: CudaContext, rung: Launcher, images: DeviceImages, rep
     return KernelTiming(seconds, OutputBatch(np.sum(host, axis=0)))
 
 
-def copy_rates(context: CudaContext, host: np.ndarray, images: DeviceImages | None, repeats: int) -> CopyRates:
-    """The copy bounds: `host` (page-locked) to the device, and `images` within it (device_to_device is
-    0.0 without them)."""
+def host_copy_rate(context: CudaContext, host: np.ndarray, repeats: int) -> float:
+    """Bytes per second of copying `host` (page-locked) to the device: the bound of the batches from host memory."""
 
     def copy(target: Any, stream: Any) -> None:
         context.driver.memcpy_htod_async(target, host, stream)
 
-    h2d = host.nbytes / _copy_seconds(context, host.nbytes, copy, repeats)
-    return CopyRates(h2d, device_copy_rate(context, images, repeats) if images is not None else 0.0)
+    return host.nbytes / _copy_seconds(context, host.nbytes, copy, repeats)
 
 
 def device_copy_rate(context: CudaContext, images: DeviceImages, repeats: int) -> float:
-    """Bytes per second (read + written) of copying `images` within the device: the bound of the resident figures."""
+    """Bytes per second (read + written) of copying `images` within the device (cuMemcpyDtoD): what reading each image
+    once costs at most, the bound of every figure on resident images."""
     nbytes = images.count * IMAGE_BYTES
 
     def copy(target: Any, stream: Any) -> None:
         context.driver.memcpy_dtod_async(target, images.allocation, nbytes, stream)
 
     return 2 * nbytes / _copy_seconds(context, nbytes, copy, repeats)
+
+
+def device_bound(report: BenchReport, context: CudaContext, images: DeviceImages, repeats: int) -> None:
+    """The one device-to-device bound of the report (D2D_BOUND), measured on the resident images where no row has yet:
+    the resident row, the ladder and the peers are shares of the same figure."""
+    if not any(figure.key == D2D_BOUND for figure in report.figures):
+        rate = device_copy_rate(context, images, repeats) / IMAGE_BYTES
+        name = f"bound: device-to-device copy of {images.count:,} images, read + written (cuMemcpyDtoD)"
+        report.figures.append(Figure("bounds", name, rate, key=D2D_BOUND, bytes_per_image=IMAGE_BYTES))
 
 
 def _copy_seconds(context: CudaContext, nbytes: int, copy: Callable[[Any, Any], None], repeats: int) -> float:
@@ -161,26 +162,16 @@ def bench_cuda(cnn: Cnn, options: BenchOptions, rng: np.random.Generator, report
             rate = median_rate(options.images, lambda: context.compute_resident(resident), options.repeats)
             bytes_per_image = ladder.BY_NAME[config.kernel].device_bytes
             report.figures.append(
-                Figure("resident", "cuda, images resident on the device", rate, "d2d", bytes_per_image=bytes_per_image, **model)
+                Figure("resident", "cuda, images resident on the device", rate, D2D_BOUND, bytes_per_image=bytes_per_image, **model)
             )
         if "bounds" in options.rows:
-            rates = copy_rates(context, host, resident, options.repeats)
-            report.figures += [
-                Figure(
-                    "bounds",
-                    "bound: host-to-device copy from page-locked memory",
-                    rates.host_to_device / IMAGE_BYTES,
-                    key="h2d",
-                    bytes_per_image=IMAGE_BYTES,
-                ),
-                Figure(
-                    "bounds",
-                    "bound: device-to-device copy (read + written)",
-                    rates.device_to_device / IMAGE_BYTES,
-                    key="d2d",
-                    bytes_per_image=IMAGE_BYTES,
-                ),
-            ]
+            host_to_device = host_copy_rate(context, host, options.repeats)
+            report.figures.append(
+                Figure("bounds", "bound: host-to-device copy from page-locked memory", host_to_device / IMAGE_BYTES, key="h2d",
+                       bytes_per_image=IMAGE_BYTES)
+            )
+        if {"bounds", "resident"} & set(options.rows):
+            device_bound(report, context, resident, options.repeats)
         for size in options.sweep:
             part, resident_part = ImageBatch(host[:size]), DeviceImages(resident.allocation, size)
             calls = max(1, min(options.images, 8192) // size)
@@ -219,7 +210,7 @@ def _kernel_figure(rung: ladder.Rung, name: str, timing: KernelTiming, want: np.
     count = len(timing.outputs)
     spread = (count / max(timing.seconds), count / min(timing.seconds))
     return Figure(
-        "kernels", name, timing.images_per_second, LADDER_BOUND, bytes_per_image=rung.device_bytes, flops_per_image=FLOPS_PER_IMAGE,
+        "kernels", name, timing.images_per_second, D2D_BOUND, bytes_per_image=rung.device_bytes, flops_per_image=FLOPS_PER_IMAGE,
         spread=spread, check=check_outputs(timing.outputs.values, want, rung.exactness),
     )
 
@@ -237,15 +228,7 @@ def bench_kernels(cnn: Cnn, options: BenchOptions, rng: np.random.Generator, rep
     with CudaContext(cnn, batch_size=1, config=ladder.LaunchConfig(streams=1, chunk_images=1)) as context:
         report.device, report.fp64_peak = context.device, fp64_peak(context.setup)
         resident = context.upload(ImageBatch(images))
-        d2d = device_copy_rate(context, resident, options.repeats)
-        # The ladder's own bound, measured as its rungs read (each image once), under a key of its own: the bounds row's
-        # copy of one large buffer is another measurement, and the rungs and peers are shares of this one.
-        report.figures.append(
-            Figure(
-                "kernels", "bound: device-to-device copy, images read once", d2d / IMAGE_BYTES, key=LADDER_BOUND,
-                bytes_per_image=IMAGE_BYTES,
-            )
-        )
+        device_bound(report, context, resident, options.repeats)
         for rung in ladder.RUNGS:
             count = min(options.images, rung.max_bench_images or options.images)
             part = DeviceImages(resident.allocation, count)

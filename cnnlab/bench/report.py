@@ -19,11 +19,11 @@ from cnnlab.errors import UsageError
 from cnnlab.files.safety import AtomicOutput
 from cnnlab.resources import install_command
 
-ROWS = ("cpu", "reader", "csv", "lab", "pinned", "resident", "bounds", "kernels", "peers")
+ROWS = ("cpu", "reader", "csv", "startup", "lab", "pinned", "resident", "bounds", "kernels", "peers")
 GPU_ROWS = ("lab", "pinned", "resident", "bounds")
 REFERENCES = ("loadtxt",)  # keys of figures that others are multiples of: a peer's speed, not a hardware bound
 LADDER_ROWS = ("kernels", "peers")  # shown in the ladder's own table
-LADDER_BOUND = "d2d-ladder"  # the key of the ladder's bound: its rungs and peers are shares of it
+D2D_BOUND = "d2d"  # the key of the one device-to-device bound: the resident row, the ladder's rungs and their peers are shares of it
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,16 @@ class Figure:
     @property
     def flops_per_second(self) -> float | None:
         return None if self.flops_per_image is None else self.images_per_second * self.flops_per_image
+
+
+@dataclass(frozen=True)
+class Startup:
+    """A start-up row: seconds from a process's exec to its exit (median of the repeats, and their spread), or the
+    floor, the driver's own start, that cuda mode's cannot go under."""
+
+    name: str
+    seconds: float
+    spread: tuple[float, float]
 
 
 @dataclass
@@ -79,6 +89,7 @@ class BenchReport:
 
     options: BenchOptions
     figures: list[Figure] = field(default_factory=list)
+    startup: list[Startup] = field(default_factory=list)
     sweep: Sweep = field(default_factory=Sweep)
     notes: list[str] = field(default_factory=list)
     device: str | None = None
@@ -143,6 +154,12 @@ def format_table(report: BenchReport) -> str:
             "relative to: a share of the bound the row names (memory: reading the images once; h2d, d2d: the copy bounds; "
             "read, h2d-text: the CSV bounds), or a multiple of a reference (loadtxt: numpy.loadtxt on the same file)"
         )
+    if report.startup:
+        floor = report.startup[0].seconds if report.startup[0].name.startswith("floor") else None
+        lines += ["", f"{'start-up':<66} {'seconds':>10} {'(fastest..slowest)':>20} {'over the floor':>15}"]
+        for row in report.startup:
+            over = "-" if floor is None or row.name.startswith("floor") else f"+{row.seconds - floor:.3f} s"
+            lines.append(f"{row.name[:66]:<66} {row.seconds:>10.3f} {f'({row.spread[0]:.3f}..{row.spread[1]:.3f})':>20} {over:>15}")
     if any(row["row"] in LADDER_ROWS for row in rows):
         lines += ["", format_ladder(report)]
     lines += [f"note: {note}" for note in report.notes]
@@ -266,7 +283,7 @@ def _plot_ladder(axes: Any, report: BenchReport, rows: list[dict[str, Any]]) -> 
     axes.set_yticks(range(len(bars)), [row["name"].removeprefix("peer: ")[:48] for row in bars], fontsize=7)
     axes.invert_yaxis()
     for row in rows:
-        if row["key"] == LADDER_BOUND:
+        if row["key"] == D2D_BOUND:
             axes.axvline(row["images_per_second"], color="C3", linestyle="--", linewidth=1, label="device-to-device copy bound")
             axes.axvline(0.6 * row["images_per_second"], color="C3", linestyle=":", linewidth=1, label="60% of it")
     title = f"the optimization ladder, {report.device or ''}"

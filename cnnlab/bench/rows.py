@@ -20,7 +20,8 @@ import numpy as np
 from cnnlab.bench.cpu import bench_cpu
 from cnnlab.bench.gpu import bench_cuda, bench_kernels
 from cnnlab.bench.peers import FRAMEWORKS, run_peers
-from cnnlab.bench.report import GPU_ROWS, LADDER_BOUND, BenchOptions, BenchReport, Figure
+from cnnlab.bench.report import D2D_BOUND, GPU_ROWS, BenchOptions, BenchReport, Figure
+from cnnlab.bench.startup import bench_startup
 from cnnlab.bench.text import bench_csv, bench_reader
 from cnnlab.errors import CnnlabError
 from cnnlab.generate import random_values
@@ -50,12 +51,20 @@ def run_bench(options: BenchOptions, seed: int | None = None) -> BenchReport:
         parts.append(("reader", lambda: bench_reader(options, seed), ()))
     if "csv" in options.rows:
         parts.append(("csv", lambda: bench_csv(cnn, options, seed), (CnnlabError,)))
+    if "startup" in options.rows:
+
+        def measure_startup() -> list[Figure]:
+            report.startup, notes = bench_startup(options)
+            report.notes.extend(notes)
+            return []
+
+        parts.append(("startup", measure_startup, ()))
     if set(GPU_ROWS) & set(options.rows) or options.sweep:
         parts.append(("cuda", lambda: bench_cuda(cnn, options, rng, report), (CnnlabError,)))
     if "kernels" in options.rows:
         parts.append(("kernels", lambda: bench_kernels(cnn, options, rng, report), (CnnlabError,)))
     if "peers" in options.rows:
-        parts.append(("peers", lambda: with_notes(run_peers(FRAMEWORKS, "peers", LADDER_BOUND, options.images, options.repeats, seed)), ()))
+        parts.append(("peers", lambda: with_notes(run_peers(FRAMEWORKS, "peers", D2D_BOUND, options.images, options.repeats, seed)), ()))
     progress = Progress("cnnlab bench", len(parts), "parts")
     try:
         for done, (name, measure, noted) in enumerate(parts, start=1):

@@ -96,13 +96,13 @@ def bench_csv(cnn: Cnn, options: BenchOptions, seed: int | None) -> list[Figure]
 
 def _text_bounds(context: Any, path: os.PathLike, threads: int, repeats: int) -> tuple[float, float]:
     """Bytes/s of reading the file into page-locked memory as the GPU path reads it, and of copying it to the device."""
-    from cnnlab.bench.gpu import copy_rates
+    from cnnlab.bench.gpu import host_copy_rate
     from cnnlab.files.text import read_at
 
     size = os.path.getsize(path)
     pinned = context.allocate_text(size)
     with open(path, "rb") as file, ThreadPoolExecutor(threads) as pool:
         read_rate = median_rate(size, partial(read_at, file.fileno(), memoryview(pinned), 0, pool, threads), repeats)
-    return read_rate, copy_rates(context, pinned, None, repeats).host_to_device
+    return read_rate, host_copy_rate(context, pinned, repeats)
 
 

@@ -23,7 +23,7 @@ import numpy as np
 from cnnlab.cuda.csv_parser import STATUS_DTYPE, CsvParser, host_values, read_status, scratch_bytes
 from cnnlab.cuda.driver import device_errors
 from cnnlab.cuda.kernels import FindNonFinite, SumSegments
-from cnnlab.cuda.launchers import Launcher
+from cnnlab.cuda.launchers import Launcher, activation_images
 from cnnlab.cuda.memory import Allocator
 from cnnlab.errors import DeviceError
 from cnnlab.network import IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM, OutputBatch, nonfinite_error
@@ -31,8 +31,8 @@ from cnnlab.network import IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DI
 
 def lane_bytes(chunk: int, launcher: Launcher) -> int:
     """Device memory one lane takes: its images, the activations where the kernels pass them on, its partials."""
-    per_image = IMAGE_BYTES + (OUT_NEURON_DIM * 8 if launcher.needs_conv_out else 0) + launcher.segments * OUT_LAYER_SIZE * 8
-    return chunk * per_image
+    per_image = IMAGE_BYTES + launcher.segments * OUT_LAYER_SIZE * 8
+    return chunk * per_image + activation_images(launcher, chunk) * OUT_NEURON_DIM * 8
 
 
 class Lane:
@@ -42,7 +42,8 @@ class Lane:
         self.stream = driver.Stream()
         self.driver, self.memory, self.chunk = driver, memory, chunk
         self.images = memory.device(chunk * IMAGE_BYTES)
-        self.conv_out = memory.device(chunk * OUT_NEURON_DIM * 8) if launcher.needs_conv_out else None
+        activations = activation_images(launcher, chunk)
+        self.conv_out = memory.device(activations * OUT_NEURON_DIM * 8) if activations else None
         self.partials = memory.device(launcher.segments * chunk * OUT_LAYER_SIZE * 8)
         self._staging: np.ndarray | None = None  # page-locked images on their way in, made on first need
         self._staging_free = driver.Event()  # the last copy out of the staging buffer has finished

@@ -29,7 +29,8 @@ TREE_THREADS, TREE_SEGMENTS = 256, 4  # rung 4's dense_tree
 SWEEP_BANDS = (2, 4, 8, 12)  # rung 5: conv2d_relu's bands per block (x 20 threads; 12 fills 48 KB of shared memory)
 SWEEP_THREADS = (64, 128, 256, 512, 1024)  # rung 5: dense_tree's threads per block
 BLOCK_SWEEP_BEST = (12, 128)  # rung 5's (bands, threads) for `cnnlab cuda`: the fastest pair of the H100 sweep (BENCHMARKS.md)
-COARSE_IMAGES, COARSE_THREADS, COARSE_SEGMENTS = 4, 256, 4  # rung 7
+COARSE_IMAGES, COARSE_THREADS, COARSE_SEGMENTS = 4, 256, 4  # rung 7 (and rung 12's dense kernel)
+L2_SHARE = 2  # rung 12: the activations of the passes in flight take at most half of the L2
 FUSED_THREADS = 256  # rung 8
 # Rung 9: images per tile and shared-memory buffers taking turns. 8 x 2 leaves room for two blocks a
 # multiprocessor (108,800 bytes each), whose barriers then fall at different times; on the H100 it beat
@@ -68,6 +69,9 @@ def fused_tiled_shared_bytes(sizes: Mapping[str, int]) -> int:
 
 
 KERNEL_BUILD = Build("kernel.cu")
+L2_BUILD = Build(  # rung 12: rung 6's conv (its images read evict-first) and rung 7's dense kernel in one module
+    "ladder/12_l2_resident.cu", {"CONV_STREAMING_LOADS": 1, "COARSE_IMAGES": COARSE_IMAGES, "COARSE_MAX_THREADS": COARSE_THREADS}
+)
 LAB_BUILD = Build("ladder/01_lab.cu", {"LAB_CONV_BLOCKS": LAB_CONV_BLOCKS, "LAB_THREADS": LAB_THREADS, "LAB_SEGMENTS": LAB_SEGMENTS})
 GLOBAL_BUILD = Build("ladder/02_batched_global.cu")
 CONSTANT_BUILD = Build("ladder/03_constant_filters.cu")
@@ -88,10 +92,22 @@ class Launcher(Protocol):
     """A rung's launches for one chunk: images at device address `images`, partials[segments][stride][10] out."""
 
     segments: int
-    needs_conv_out: bool  # whether the lane must hold the chunk's 4,000 activations an image
+    needs_conv_out: bool  # whether the lane must hold 4,000 activations an image, between the rung's two kernels
+    pass_images: int | None  # the images whose activations it holds at once, a pass of the chunk at a time; None: all
     checks_finite: bool  # whether it sets the setup's nonfinite flag where an image value is a NaN or an infinity
 
     def __call__(self, stream: Any, images: int, conv_out: Any, partials: Any, count: int, stride: int) -> None: ...
+
+
+def activation_images(launcher: Launcher, chunk: int) -> int:
+    """The images whose activations a buffer must hold for `launcher` over chunks of `chunk` images (0: none)."""
+    return min(chunk, launcher.pass_images or chunk) if launcher.needs_conv_out else 0
+
+
+def l2_pass_images(l2_bytes: int, in_flight: int) -> int:
+    """Images a pass whose activations, `in_flight` passes at once (a lane each), fill at most 1/L2_SHARE of the L2:
+    the rest holds the weights and the images streaming through."""
+    return max(COARSE_IMAGES, l2_bytes // L2_SHARE // in_flight // (OUT_NEURON_DIM * 8) // COARSE_IMAGES * COARSE_IMAGES)
 
 
 class DeviceSetup:
@@ -106,6 +122,7 @@ class DeviceSetup:
         self.capability: tuple[int, int] = device.compute_capability()
         self.shared_per_block = device.get_attribute(attribute.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
         self.shared_per_sm = device.get_attribute(attribute.MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)
+        self.l2_bytes = device.get_attribute(attribute.L2_CACHE_SIZE)
         self._modules: dict[tuple[str, str], Any] = {}
         self._global_filters: Any = None
         self.nonfinite = memory.device(4)  # conv2d_relu's flag (rungs 4 to 7): an image value was a NaN or an infinity
@@ -157,6 +174,7 @@ class Lab:
     """Rung 1: per image, conv_lab on 32 x 1024 threads, then dense_lab's (segment, neuron) blocks."""
 
     segments, needs_conv_out, checks_finite = LAB_SEGMENTS, True, False
+    pass_images = None
 
     def __init__(self, setup: DeviceSetup) -> None:
         self._conv = setup.function(LAB_BUILD, "conv_lab", "PPP")
@@ -175,6 +193,7 @@ class BatchedGlobal:
     """Rungs 2 and 3: a thread per conv output (filters from global or constant memory), a thread per network output."""
 
     segments, needs_conv_out, checks_finite = 1, True, False
+    pass_images = None
 
     def __init__(self, setup: DeviceSetup, constant_filters: bool) -> None:
         build = CONSTANT_BUILD if constant_filters else GLOBAL_BUILD
@@ -193,14 +212,16 @@ class BatchedGlobal:
 
 
 class ConvThenDense:
-    """Rungs 4 to 7: conv2d_relu, then a dense kernel of signature (conv_out, weights, partials, count, stride)
-    on a grid of (image blocks, segments); `images_per_block` images share one block's pass over the weights."""
+    """Rungs 4 to 7 and 12: conv2d_relu, then a dense kernel of signature (conv_out, weights, partials, count, stride)
+    on a grid of (image blocks, segments); `images_per_block` images share one block's pass over the weights. With
+    `pass_images`, the two kernels run a pass of that many images at a time (rung 12: passes whose activations stay
+    in L2 between the kernels)."""
 
     needs_conv_out = checks_finite = True
 
     def __init__(
         self, setup: DeviceSetup, conv_build: Build, bands: int, dense_build: Build, dense: str, threads: int, segments: int,
-        shared: int = 0, images_per_block: int = 1,
+        shared: int = 0, images_per_block: int = 1, pass_images: int | None = None,
     ) -> None:
         self._conv = Conv2dRelu(setup.module(conv_build), setup.sm_count, bands=bands)
         self._dense = setup.function(dense_build, dense, "PPPii", shared)
@@ -208,12 +229,17 @@ class ConvThenDense:
         self._nonfinite = setup.nonfinite
         self._images_per_block = images_per_block
         self._blocks = max(1, setup.sm_count * BLOCKS_PER_SM // segments)
+        self.pass_images = pass_images
 
     def __call__(self, stream: Any, images: int, conv_out: Any, partials: Any, count: int, stride: int) -> None:
-        self._conv(stream, images, conv_out, count, self._nonfinite)
-        grid = (_grid(math.ceil(count / self._images_per_block), self._blocks), self.segments)
-        args = (conv_out, self._weights, partials, np.int32(count), np.int32(stride))
-        self._dense.prepared_async_call(grid, (self._threads, 1, 1), stream, *args, shared_size=self._shared)
+        step = self.pass_images or count
+        for first in range(0, count, step):
+            images_in_pass = min(step, count - first)
+            self._conv(stream, images + first * IMAGE_BYTES, conv_out, images_in_pass, self._nonfinite)
+            grid = (_grid(math.ceil(images_in_pass / self._images_per_block), self._blocks), self.segments)
+            rows = int(partials) + first * OUT_LAYER_SIZE * 8  # this pass's images' rows of every segment
+            args = (conv_out, self._weights, rows, np.int32(images_in_pass), np.int32(stride))
+            self._dense.prepared_async_call(grid, (self._threads, 1, 1), stream, *args, shared_size=self._shared)
 
 
 def shared_tiles(
@@ -222,6 +248,16 @@ def shared_tiles(
 ) -> Launcher:
     """Rung 4 (and rung 5 at other block sizes): conv2d_relu, then dense_tree's shared-memory tree."""
     return ConvThenDense(setup, conv, bands, dense, "dense_tree", threads, TREE_SEGMENTS, shared=threads * OUT_LAYER_SIZE * 8)
+
+
+def l2_resident(setup: DeviceSetup, streams: int, pass_images: int | None = None, build: Build = L2_BUILD) -> Launcher:
+    """Rung 12: rung 7's kernels a pass at a time, each pass's activations in L2 between them (`streams` lanes' passes
+    in flight at once); `pass_images` (default: from the L2's size) and `build` for the sweep."""
+    passes = pass_images or l2_pass_images(setup.l2_bytes, streams)
+    return ConvThenDense(
+        setup, build, CONV_BANDS_PER_BLOCK, build, "dense_coarsened", COARSE_THREADS, COARSE_SEGMENTS, images_per_block=COARSE_IMAGES,
+        pass_images=passes,
+    )
 
 
 def block_sweep(setup: DeviceSetup, bands: int = BLOCK_SWEEP_BEST[0], threads: int = BLOCK_SWEEP_BEST[1]) -> Launcher:
@@ -234,6 +270,7 @@ class WarpShuffle:
     """Rung 6, the default: the design card's conv2d_relu + flattened_to_dense, at the sizes of a LaunchConfig."""
 
     needs_conv_out = checks_finite = True
+    pass_images = None
 
     def __init__(
         self, setup: DeviceSetup, segments: int, dense_threads: int, conv_blocks: int | None = None, dense_blocks: int | None = None
@@ -254,6 +291,7 @@ class OneKernel:
     the device, each block `images_per_block` images at a time; segments = 1."""
 
     segments, needs_conv_out, checks_finite = 1, False, False
+    pass_images = None
 
     def __init__(self, setup: DeviceSetup, build: Build, name: str, threads: int, shared: int, images_per_block: int) -> None:
         self._function = setup.function(build, name, "PPPi", shared)
@@ -283,6 +321,7 @@ class Im2colMma:
     """Rung 10: conv_mma (a warp per 8 patches), then dense_mma (a block per MMA_IMAGES images), on the FP64 tensor cores."""
 
     segments, needs_conv_out, checks_finite = 1, True, False
+    pass_images = None
 
     def __init__(self, setup: DeviceSetup) -> None:
         self._conv = setup.function(MMA_BUILD, "conv_mma", "PPi")

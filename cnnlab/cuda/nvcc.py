@@ -1,9 +1,12 @@
-"""nvcc: a kernel source compiled to a fatbin beside it, rebuilt only when stale (cnnlab.cuda.buildstep builds them all).
+"""nvcc: a kernel source compiled to PTX and a fatbin beside it, rebuilt only when stale (cnnlab.cuda.buildstep builds them all).
 
-A fatbin holds machine code for the common architectures (Turing to Hopper), so the driver loads
-it at once instead of compiling PTX at every start (a JIT that cost a large part of cuda mode's
-start-up), and compute_75 PTX as the fallback for any newer GPU, which the driver compiles once and
-keeps in its cache. `build_ptx` gives the PTX alone, for reading what the compiler made of the sizes.
+As the lab's build.rs did, the build step writes the source's PTX beside it (kernel/kernel.ptx, for
+compute_75: what a reader opens to see what the compiler made of the kernels and their sizes). The
+fatbin is assembled (fatbinary) from that PTX file, uncompressed, the fallback the driver compiles once
+for any GPU newer than Hopper, and machine code for the common architectures (Turing to Hopper),
+compiled from the source for each (so each keeps its own __CUDA_ARCH__ paths: cp.async from sm_80), so
+that the driver loads it at once instead of compiling PTX at every start (a JIT that cost a large part
+of cuda mode's start-up).
 
 The optimization ladder's kernels (kernel/ladder/, ladder.py and launchers.py) are built the same way, one
 fatbin per `Build`: a source and the -D sizes of its own, added to the network's.
@@ -14,6 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,10 +92,25 @@ def build_ptx(source: Path, ptx: Path, arch: str = DEFAULT_ARCH, sizes: Mapping[
 
 
 def build_fatbin(source: Path, fatbin: Path, archs: Sequence[str] = MACHINE_ARCHS, sizes: Mapping[str, int] | None = None) -> Path:
-    """Machine code for `archs` and DEFAULT_ARCH's PTX, in one fatbin."""
-    targets = [f"-gencode=arch=compute_{arch[3:]},code={arch}" for arch in archs]
-    ptx = f"-gencode=arch={DEFAULT_ARCH},code={DEFAULT_ARCH}"
-    return _nvcc(source, fatbin, ["-fatbin", *targets, ptx], sizes)
+    """The PTX beside the fatbin (DEFAULT_ARCH's), then the fatbin: machine code for `archs` and that PTX file."""
+    ptx = build_ptx(source, fatbin.with_suffix(".ptx"), DEFAULT_ARCH, sizes)
+    fatbinary = shutil.which("fatbinary")
+    if fatbinary is None:
+        raise DeviceError(f"fatbinary not found on PATH: cannot build {fatbin}; install the CUDA toolkit")
+    partial = fatbin.with_name(f".{fatbin.name}.{os.getpid()}.tmp")
+    with tempfile.TemporaryDirectory(prefix="cnnlab-build-") as folder:
+        images = [f"--image3=kind=ptx,sm={DEFAULT_ARCH[8:]},file={ptx}"]
+        for arch in archs:
+            cubin = _nvcc(source, Path(folder) / f"{arch}.cubin", ["-cubin", f"-arch={arch}"], sizes)
+            images.append(f"--image3=kind=elf,sm={arch[3:]},file={cubin}")
+        try:
+            result = subprocess.run([fatbinary, "--64", "--compress=false", f"--create={partial}", *images], capture_output=True, text=True)
+            if result.returncode != 0:
+                raise DeviceError(f"fatbinary failed on {fatbin}: {result.stderr.strip() or result.returncode}")
+            os.replace(partial, fatbin)
+        finally:
+            partial.unlink(missing_ok=True)
+    return fatbin
 
 
 def ladder_inputs(source: Path) -> list[Path]:
@@ -111,7 +130,7 @@ def _ensure(source: Path, fatbin: Path, extra: Sequence[Path] = (), sizes: Mappi
     An installed package's fatbins were built from its own sources when its wheel was made, and pip
     gives the files it unpacks new times in any order: there a fatbin is used as it is.
     """
-    if not fatbin.exists() or (is_checkout() and is_stale(source, fatbin, extra)):
+    if not fatbin.exists() or (is_checkout() and (is_stale(source, fatbin, extra) or not fatbin.with_suffix(".ptx").exists())):
         if shutil.which("nvcc") is None or not os.access(fatbin.parent, os.W_OK):
             state = "missing" if not fatbin.exists() else f"older than {source.name}"
             raise DeviceError(f"{fatbin} is {state}: {BUILD_HINT if is_checkout() else PACKAGE_BUILD_HINT}")

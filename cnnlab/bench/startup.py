@@ -1,0 +1,64 @@
+"""`cnnlab bench`'s start-up rows: whole processes on the default data, from exec to exit, beside the floor that cuda
+mode cannot go under: the driver's own start (cuInit and the primary context), timed through ctypes in a bare
+interpreter, as a few lines of C would take it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from cnnlab.bench.report import BenchOptions, Startup
+from cnnlab.resources import resource_dir
+
+# The driver's start alone, in a bare interpreter (-S: no site, so nothing but ctypes is imported): prints its seconds.
+DRIVER_START = """
+import ctypes, time
+start = time.perf_counter()
+cuda = ctypes.CDLL("libcuda.so.1")
+device, context = ctypes.c_int(), ctypes.c_void_p()
+assert cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(device), 0) == 0
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device) == 0
+print(time.perf_counter() - start)
+"""
+
+
+def _startup(name: str, seconds: list[float]) -> Startup:
+    return Startup(name, statistics.median(seconds), (min(seconds), max(seconds)))
+
+
+def _wall(command: list[str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(command, check=True, capture_output=True)
+    return time.perf_counter() - start
+
+
+def bench_startup(options: BenchOptions) -> tuple[list[Startup], list[str]]:
+    """The floor (where a GPU answers), then cnnlab cpu and cuda on the default data, each the median of the repeats
+    after a run that warms the page cache and the bytecode; notes on what did not run."""
+    rows, notes = [], []
+    floor = []
+    for _ in range(options.repeats):
+        done = subprocess.run([sys.executable, "-S", "-c", DRIVER_START], capture_output=True, text=True)
+        if done.returncode != 0:
+            notes.append("start-up floor not measured: no CUDA driver or GPU answered")
+            break
+        floor.append(float(done.stdout))
+    if len(floor) == options.repeats:
+        rows.append(_startup("floor: cuInit and the primary context (ctypes, in C's time)", floor))
+    data = resource_dir("data")
+    with tempfile.TemporaryDirectory(prefix="cnnlab-bench-") as folder:
+        for mode in ("cpu", "cuda") if rows else ("cpu",):
+            command = [sys.executable, "-m", "cnnlab", mode, str(data / "cnn.csv"), str(data / "in.csv"), str(Path(folder) / "out.csv")]
+            try:
+                _wall(command)
+                seconds = [_wall(command) for _ in range(options.repeats)]
+            except subprocess.CalledProcessError as error:
+                notes.append(f"start-up of cnnlab {mode} not measured: {(error.stderr or b'').decode().strip()[:200]}")
+                continue
+            rows.append(_startup(f"cnnlab {mode}, the default data (4 images), whole process", seconds))
+    return rows, notes
