@@ -27,7 +27,7 @@
 
 // Every size below comes from cnnlab/network.py and cnnlab/cuda/kernels.py, passed by the build step as
 // -D flags (cnnlab.kernels.nvcc_defines()); they are defined there once, never here.
-#if !defined(CONV_BANDS_PER_BLOCK) || !defined(DENSE_MAX_THREADS) || !defined(CONV_STREAMING_LOADS)
+#if !defined(CONV_BANDS_PER_BLOCK) || !defined(DENSE_MAX_THREADS)
 #error "kernel sizes missing: build with `python build.py`, which passes them as -D flags"
 #endif
 #include "cnn.h"  // the other sizes' guard, conv_relu_exact, block_totals
@@ -66,9 +66,7 @@ conv2d_relu(const double *__restrict__ images, double *__restrict__ conv_out, in
         const int bands = (int)min((long long)CONV_BANDS_PER_BLOCK, total_bands - first);
         const double2 *source = reinterpret_cast<const double2 *>(images + first * BAND_DOUBLES);
         for (int k = threadIdx.x; k < bands * BAND_DOUBLES / 2; k += blockDim.x) {
-            // Rung 12 reads the images evict-first (ld.global.cs): read once, they should not push out of L2 the
-            // activations its dense kernel reads next (CONV_STREAMING_LOADS, 0 for the default).
-            const double2 values = CONV_STREAMING_LOADS ? __ldcs(source + k) : source[k];
+            const double2 values = source[k];
             finite &= isfinite(values.x) & isfinite(values.y);
             tile[k] = values;
         }

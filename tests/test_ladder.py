@@ -55,7 +55,7 @@ ENTRY_POINTS = {
     "ladder/09_fused_tiled.cu": ("fused_tiled",),
     "ladder/10_im2col_mma.cu": ("conv_mma", "dense_mma"),
     "ladder/11_fused_tiled_fma.cu": ("fused_tiled",),
-    "ladder/12_l2_resident.cu": ("conv2d_relu", "dense_coarsened"),
+    "ladder/12_l2_resident.cu": ("conv_tiled", "dense_coarsened"),
 }
 
 
@@ -112,9 +112,10 @@ def test_each_rung_does_what_its_header_says(tmp_path: Path) -> None:
     assert "mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64" in entry(mma, "conv_mma")
     assert "mma.sync.aligned.m8n8k4" in entry(mma, "dense_mma")
     assert "mma.sync" not in ptx(launchers.MMA_BUILD, "compute_75")
-    # Rung 12: rung 6's conv2d_relu, its images read evict-first (ld.global.cs), which the default's is not.
-    assert "ld.global.cs.v2.f64" in entry(ptx(launchers.L2_BUILD, "compute_90"), "conv2d_relu")
-    assert ".cs." not in entry(ptx(launchers.KERNEL_BUILD, "compute_90"), "conv2d_relu")
+    # Rung 12: rung 9's conv alone, bit-exact (the dense layer's FMAs are dense_coarsened's), streamed by cp.async.
+    conv = entry(ptx(launchers.L2_BUILD, "compute_90"), "conv_tiled")
+    assert (conv.count("mul.rn.f64"), conv.count("add.rn.f64"), conv.count("fma.rn.f64")) == (250, 240, 0)
+    assert "cp.async.cg.shared.global" in conv and "st.global.f64" in conv
 
 
 def test_rung_12s_passes_fill_half_the_l2_with_the_lanes_activations() -> None:
@@ -271,7 +272,7 @@ def test_rung_12_gives_the_same_bits_whatever_its_passes(rng: np.random.Generato
     images = random_values(rng, 101, 100, 100)
     with CudaContext(cnn, 101, LaunchConfig(kernel="l2_resident", streams=1)) as gpu:
         resident = DeviceImages(gpu.upload(ImageBatch(images)).allocation, 101)
-        outputs = [time_kernels(gpu, launchers.l2_resident(gpu.setup, 1, passes), resident, 1).outputs.values for passes in (4, 28, 1000)]
+        outputs = [time_kernels(gpu, launchers.L2Resident(gpu.setup, 1, passes), resident, 1).outputs.values for passes in (4, 28, 1000)]
     for got in outputs[1:]:
         assert got.view(np.uint64).tolist() == outputs[0].view(np.uint64).tolist()
     assert_within_rule(outputs[0], cpu_outputs(cnn, images), cnn, images)

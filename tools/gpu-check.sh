@@ -187,6 +187,10 @@ print(f'floor: cuInit {middle - start:.3f} s + primary context {end - middle:.3f
         for run in 1 2; do
           timed "cuda, 30,000 CSV images, run $run" python3 -m cnnlab cuda "$WORK/job/cnn.csv" "$WORK/job/in30k.csv" "$WORK/job/out_cuda.csv"
         done
+        echo "-- cpu, 30,000 CSV images, phase by phase"
+        python3 tools/profile_startup.py cpu "$WORK/job/cnn.csv" "$WORK/job/in30k.csv" "$WORK/job/out_cpu.csv" >/dev/null
+        echo "-- cuda, 30,000 CSV images, phase by phase"
+        python3 tools/profile_startup.py cuda "$WORK/job/cnn.csv" "$WORK/job/in30k.csv" "$WORK/job/out_cuda.csv" >/dev/null
         cnnlab compare "$WORK/job/out_cpu.csv" "$WORK/job/out_cuda.csv"
       } 2>&1 | tee "$OUT/cpujob.log" || status=1
       rm -rf "$WORK/job" ;;

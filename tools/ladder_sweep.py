@@ -4,8 +4,8 @@ device-to-device copy of those images, its outputs checked against the CPU's und
 
 - fused: fused_tiled and fused_tiled_fma (kernel/ladder/09_fused_tiled.cu) at several tile sizes and stage
   counts, with the bit-exact conv (rung 9) and with FMAs in the conv (FT_EXACT_CONV=0, rung 11);
-- l2: the card's two kernels a pass at a time (rung 12, kernel/ladder/12_l2_resident.cu) at several pass
-  sizes, with and without the images read evict-first, beside rungs 6 and 7 (activations to device memory);
+- l2: each kernel of the two-kernel rungs alone; rung 12 (kernel/ladder/12_l2_resident.cu: two kernels a pass
+  at a time, the activations kept in L2) at several pass sizes, beside rungs 6 and 7 (activations to device memory);
   then the resident row (CudaContext.compute_resident, three lanes) with rung 6 and with rung 12.
 
     python tools/ladder_sweep.py [fused] [l2] [--images N] [--repeats R] [--seed S]
@@ -30,7 +30,7 @@ from cnnlab.bench.gpu import device_copy_rate, time_kernels  # noqa: E402
 from cnnlab.bench.report import median_rate  # noqa: E402
 from cnnlab.compare import rule_verdict  # noqa: E402
 from cnnlab.cpu.backend import CpuBackend  # noqa: E402
-from cnnlab.cuda import ladder, launchers  # noqa: E402
+from cnnlab.cuda import kernels, ladder, launchers  # noqa: E402
 from cnnlab.cuda.context import CudaContext  # noqa: E402
 from cnnlab.cuda.driver import device_errors  # noqa: E402
 from cnnlab.cuda.ladder import LaunchConfig  # noqa: E402
@@ -43,6 +43,44 @@ from cnnlab.network import IMAGE_BYTES, Cnn, ImageBatch  # noqa: E402
 VARIANTS = ((8, 2, True), (16, 2, True), (8, 3, True), (8, 2, False), (16, 2, False), (8, 3, False))
 PASSES = (None, 64, 128, 256, 512, 1024, 2048)  # rung 12's images a pass (None: from the L2's size, one lane)
 CHECK_IMAGES = 256
+
+
+def stage_times(context: CudaContext, resident: Any, bound: float, repeats: int) -> None:
+    """Each kernel of the two-kernel rungs alone over every resident image, timed with CUDA events: where their time goes
+    (the activations to and from device memory, a chunk of every image)."""
+    driver, setup, count = context.driver, context.setup, resident.count
+    conv_out = context.memory.device(count * 4000 * 8)
+    partials = context.memory.device(4 * count * 10 * 8)
+    stream, start, end = driver.Stream(), driver.Event(), driver.Event()
+    conv = kernels.Conv2dRelu(setup.module(launchers.KERNEL_BUILD), setup.sm_count)
+    dense = kernels.FlattenedToDense(setup.module(launchers.KERNEL_BUILD), setup.sm_count, 4, 256)
+    coarse = setup.function(launchers.COARSE_BUILD, "dense_coarsened", "PPPii")
+    tiled_shared = launchers.fused_tiled_shared_bytes(launchers.L2_BUILD.sizes)
+    tiled = setup.function(launchers.L2_BUILD, "conv_tiled", "PPi", tiled_shared)
+    tiled_blocks = setup.sm_count * setup.blocks_per_sm(160, tiled_shared)
+    blocks = max(1, setup.sm_count * kernels.BLOCKS_PER_SM // 4)
+    stages = (
+        ("conv2d_relu alone (rung 6's)", lambda: conv(stream, int(resident.allocation), conv_out, count, setup.nonfinite)),
+        ("conv_tiled alone (rung 9's conv, rung 12's)", lambda: tiled.prepared_async_call(
+            (min(count // 8, tiled_blocks), 1), (160, 1, 1), stream, resident.allocation, conv_out, np.int32(count),
+            shared_size=tiled_shared)),
+        ("flattened_to_dense alone (rung 6's)", lambda: dense(stream, conv_out, setup.weights, partials, count, count)),
+        ("dense_coarsened alone (rung 7's)", lambda: coarse.prepared_async_call(
+            (min(count // 4, blocks), 4), (256, 1, 1), stream, conv_out, setup.weights, partials, np.int32(count), np.int32(count))),
+    )
+    for name, run in stages:
+        run()
+        seconds = []
+        for _ in range(repeats):
+            start.record(stream)
+            run()
+            end.record(stream)
+            end.synchronize()
+            seconds.append(end.time_since(start) / 1e3)
+        rate = count / sorted(seconds)[len(seconds) // 2]
+        print(f"{name:<40} {rate:>12,.0f} images/s {rate / bound:6.1%} of D2D")
+    context.memory.free(conv_out)
+    context.memory.free(partials)
 
 
 def report(name: str, timing: Any, bound: float, want: np.ndarray, extra: str = "") -> None:
@@ -86,17 +124,14 @@ def main() -> int:
             blocks = context.setup.blocks_per_sm(tile * 20, shared)
             report(name, timing, bound, want, f" {registers} registers, {shared:,} B shared, {blocks} blocks/SM;")
         if "l2" in args.parts:
+            stage_times(context, resident, bound, args.repeats)
             l2 = context.setup.l2_bytes
             passes = {lanes: launchers.l2_pass_images(l2, lanes) for lanes in (1, 3)}
             print(f"L2: {l2 / 2**20:.0f} MB; rung 12's pass from it, one lane: {passes[1]} images, three lanes: {passes[3]}")
-            plain = launchers.Build(launchers.L2_BUILD.source, {**launchers.L2_BUILD.sizes, "CONV_STREAMING_LOADS": 0}, "plain")
             for name, make in (
                 ("rung 6 warp_shuffle (activations to HBM)", lambda: ladder.launcher("warp_shuffle", context.setup, LaunchConfig())),
                 ("rung 7 coarsened (activations to HBM)", lambda: ladder.launcher("coarsened", context.setup, LaunchConfig())),
-                *((f"rung 12, {passes or 'auto'} a pass, evict-first", partial(launchers.l2_resident, context.setup, 1, passes))
-                  for passes in PASSES),
-                *((f"rung 12, {passes} a pass, plain loads", partial(launchers.l2_resident, context.setup, 1, passes, plain))
-                  for passes in (256, 1024)),
+                *((f"rung 12, {passes or 'auto'} a pass", partial(launchers.L2Resident, context.setup, 1, passes)) for passes in PASSES),
             ):
                 try:
                     with device_errors(f"cannot load {name}"):
@@ -106,7 +141,7 @@ def main() -> int:
                     print(f"{name}: not run: {error}")
         context.free(resident)
     if "l2" in args.parts:  # the resident row's schedule: three lanes of a third of the images each, compute_resident
-        for kernel in ("warp_shuffle", "l2_resident"):
+        for kernel in ("warp_shuffle", "coarsened", "l2_resident"):
             with CudaContext(cnn, args.images, LaunchConfig(kernel=kernel)) as context:
                 resident = context.upload(ImageBatch(images))
                 rate = median_rate(args.images, lambda context=context, resident=resident: context.compute_resident(resident), args.repeats)

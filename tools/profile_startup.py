@@ -28,10 +28,12 @@ PHASES = {
     "cnnlab.cuda.driver": ["_start"],
     "cnnlab.cli.main": ["main"],
     "cnnlab.files.labcsv": ["read_cnn", "CsvImageReader.__init__", "CsvImageReader.reserve_text", "CsvImageReader.read_text",
-                            "CsvImageReader.read_into"],
+                            "CsvImageReader.read_into", "CsvImageReader._parse"],
+    "cnnlab.files.text": ["TextSource.take", "TextSource._turn", "TextSource._read_more"],
+    "cnnlab.files.npy": ["NpyImageReader.read_into"],
     "cnnlab.cuda.context": ["CudaContext.__init__", "CudaContext.compute", "CudaContext.close"],
     "cnnlab.cpu.backend": ["CpuBackend.__init__", "CpuBackend.compute", "CpuBackend.close"],
-    "cnnlab.run": ["run_network"],
+    "cnnlab.run": ["run_network", "fill_images"],
     "cnnlab.files.safety": ["AtomicOutput.commit"],
     "numpy": [],
 }
@@ -93,12 +95,25 @@ def main() -> int:
     sys.argv = ["cnnlab", *sys.argv[1:]]
     from cnnlab.__main__ import main as cnnlab_main
 
-    try:
-        return cnnlab_main()
-    finally:
-        for name, start, length, thread in sorted(EVENTS, key=lambda event: event[1]):
-            print(f"{name:<34} at {start:7.3f} s  for {length * 1e3:8.1f} ms  ({thread})", file=sys.stderr)
-        print(f"{'main returns':<34} at {process_age():7.3f} s", file=sys.stderr)
+    leave = os._exit
+
+    def report_then_leave(status: int) -> None:  # the command line leaves through os._exit: the phases first
+        calls: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        for name, start, length, thread in EVENTS:
+            calls.setdefault((name, thread), []).append((start, length))
+        for (name, thread), made in sorted(calls.items(), key=lambda item: item[1][0][0]):
+            if len(made) > 2:  # a phase of the loop: its calls together
+                print(f"{name:<34} at {made[0][0]:7.3f} s  for {sum(length for _, length in made) * 1e3:8.1f} ms  "
+                      f"in {len(made)} calls ({thread})", file=sys.stderr)
+                continue
+            for start, length in made:
+                print(f"{name:<34} at {start:7.3f} s  for {length * 1e3:8.1f} ms  ({thread})", file=sys.stderr)
+        print(f"{'main leaves':<34} at {process_age():7.3f} s", file=sys.stderr)
+        sys.stderr.flush()
+        leave(status)
+
+    os._exit = report_then_leave
+    return cnnlab_main()
 
 
 if __name__ == "__main__":

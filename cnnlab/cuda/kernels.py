@@ -19,7 +19,6 @@ CONV_BANDS_PER_BLOCK = 8  # output rows (bands of 5 input rows) one conv2d_relu 
 CONV_THREADS = CONV_BANDS_PER_BLOCK * CONV_OUT_DIM  # conv2d_relu's thread-block size: a thread per output column
 DENSE_MAX_THREADS = 1024  # flattened_to_dense's largest thread block (its shared memory is sized for it)
 BLOCKS_PER_SM = 8  # grid-stride kernels: enough resident thread blocks to hide memory latency
-CONV_STREAMING_LOADS = 0  # conv2d_relu reads its images evict-first where 1 (rung 12 of the ladder)
 
 
 def kernel_sizes() -> dict[str, int]:
@@ -28,7 +27,6 @@ def kernel_sizes() -> dict[str, int]:
         **network_sizes(),
         "CONV_BANDS_PER_BLOCK": CONV_BANDS_PER_BLOCK,
         "DENSE_MAX_THREADS": DENSE_MAX_THREADS,
-        "CONV_STREAMING_LOADS": CONV_STREAMING_LOADS,
     }
 
 

@@ -39,13 +39,13 @@ from cnnlab.cuda.launchers import (
     ConvThenDense,
     DeviceSetup,
     Im2colMma,
+    L2Resident,
     Lab,
     Launcher,
     WarpShuffle,
     block_sweep,
     fused,
     fused_tiled,
-    l2_resident,
     shared_tiles,
     sweep_build,
 )
@@ -118,8 +118,8 @@ RUNGS = (
     Rung(11, "fused_tiled_fma", FUSED_TILED_FMA_BUILD.source, "rung 9 with FMAs in the conv: the price of bit-exactness",
          WITHIN_RULE, _traffic(1, round_trip=False), lambda setup, config: fused_tiled(setup, FUSED_TILED_FMA_BUILD),
          (FUSED_TILED_FMA_BUILD,)),
-    Rung(12, "l2_resident", L2_BUILD.source, "the card's two kernels a pass at a time, the activations kept in L2 between them",
-         CONV_EXACT, _traffic(COARSE_SEGMENTS, round_trip=False), lambda setup, config: l2_resident(setup, config.streams),
+    Rung(12, "l2_resident", L2_BUILD.source, "two kernels (rung 9's conv, rung 7's dense) a pass at a time, the activations in L2",
+         CONV_EXACT, _traffic(COARSE_SEGMENTS, round_trip=False), lambda setup, config: L2Resident(setup, config.streams),
          (L2_BUILD,)),
 )
 BY_NAME = {rung.name: rung for rung in RUNGS}

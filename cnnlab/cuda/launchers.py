@@ -53,24 +53,28 @@ def conflict_free_stride(tile_images: int) -> int:
     return BAND_DOUBLES  # no such stride: two-way conflicts
 
 
-def fused_tiled_sizes(tile_images: int = FT_TILE_IMAGES, stages: int = FT_STAGES, exact_conv: bool = True) -> dict[str, int]:
+def fused_tiled_sizes(
+    tile_images: int = FT_TILE_IMAGES, stages: int = FT_STAGES, exact_conv: bool = True, conv_only: bool = False
+) -> dict[str, int]:
     return {
         "FT_TILE_IMAGES": tile_images,
         "FT_STAGES": stages,
         "FT_IMAGE_STRIDE": conflict_free_stride(tile_images),
         "FT_EXACT_CONV": int(exact_conv),
+        "FT_CONV_ONLY": int(conv_only),
     }
 
 
 def fused_tiled_shared_bytes(sizes: Mapping[str, int]) -> int:
-    """The stages (each: the tile's bands and the band's 2,000 weights) and the column sums."""
-    stage = sizes["FT_TILE_IMAGES"] * sizes["FT_IMAGE_STRIDE"] + OUT_LAYER_SIZE * OUT_NEURON_DIM // CONV_OUT_DIM
-    return 8 * (sizes["FT_STAGES"] * stage + OUT_LAYER_SIZE * sizes["FT_TILE_IMAGES"] * CONV_OUT_DIM)
+    """The stages (each: the tile's bands and, fused, the band's 2,000 weights) and, fused, the column sums."""
+    fused = not sizes["FT_CONV_ONLY"]
+    stage = sizes["FT_TILE_IMAGES"] * sizes["FT_IMAGE_STRIDE"] + fused * OUT_LAYER_SIZE * OUT_NEURON_DIM // CONV_OUT_DIM
+    return 8 * (sizes["FT_STAGES"] * stage + fused * OUT_LAYER_SIZE * sizes["FT_TILE_IMAGES"] * CONV_OUT_DIM)
 
 
 KERNEL_BUILD = Build("kernel.cu")
-L2_BUILD = Build(  # rung 12: rung 6's conv (its images read evict-first) and rung 7's dense kernel in one module
-    "ladder/12_l2_resident.cu", {"CONV_STREAMING_LOADS": 1, "COARSE_IMAGES": COARSE_IMAGES, "COARSE_MAX_THREADS": COARSE_THREADS}
+L2_BUILD = Build(  # rung 12: rung 9's conv alone (conv_tiled) and rung 7's dense kernel in one module
+    "ladder/12_l2_resident.cu", {**fused_tiled_sizes(conv_only=True), "COARSE_IMAGES": COARSE_IMAGES, "COARSE_MAX_THREADS": COARSE_THREADS}
 )
 LAB_BUILD = Build("ladder/01_lab.cu", {"LAB_CONV_BLOCKS": LAB_CONV_BLOCKS, "LAB_THREADS": LAB_THREADS, "LAB_SEGMENTS": LAB_SEGMENTS})
 GLOBAL_BUILD = Build("ladder/02_batched_global.cu")
@@ -212,16 +216,15 @@ class BatchedGlobal:
 
 
 class ConvThenDense:
-    """Rungs 4 to 7 and 12: conv2d_relu, then a dense kernel of signature (conv_out, weights, partials, count, stride)
-    on a grid of (image blocks, segments); `images_per_block` images share one block's pass over the weights. With
-    `pass_images`, the two kernels run a pass of that many images at a time (rung 12: passes whose activations stay
-    in L2 between the kernels)."""
+    """Rungs 4 to 7: conv2d_relu, then a dense kernel of signature (conv_out, weights, partials, count, stride)
+    on a grid of (image blocks, segments); `images_per_block` images share one block's pass over the weights."""
 
     needs_conv_out = checks_finite = True
+    pass_images = None
 
     def __init__(
         self, setup: DeviceSetup, conv_build: Build, bands: int, dense_build: Build, dense: str, threads: int, segments: int,
-        shared: int = 0, images_per_block: int = 1, pass_images: int | None = None,
+        shared: int = 0, images_per_block: int = 1,
     ) -> None:
         self._conv = Conv2dRelu(setup.module(conv_build), setup.sm_count, bands=bands)
         self._dense = setup.function(dense_build, dense, "PPPii", shared)
@@ -229,17 +232,12 @@ class ConvThenDense:
         self._nonfinite = setup.nonfinite
         self._images_per_block = images_per_block
         self._blocks = max(1, setup.sm_count * BLOCKS_PER_SM // segments)
-        self.pass_images = pass_images
 
     def __call__(self, stream: Any, images: int, conv_out: Any, partials: Any, count: int, stride: int) -> None:
-        step = self.pass_images or count
-        for first in range(0, count, step):
-            images_in_pass = min(step, count - first)
-            self._conv(stream, images + first * IMAGE_BYTES, conv_out, images_in_pass, self._nonfinite)
-            grid = (_grid(math.ceil(images_in_pass / self._images_per_block), self._blocks), self.segments)
-            rows = int(partials) + first * OUT_LAYER_SIZE * 8  # this pass's images' rows of every segment
-            args = (conv_out, self._weights, rows, np.int32(images_in_pass), np.int32(stride))
-            self._dense.prepared_async_call(grid, (self._threads, 1, 1), stream, *args, shared_size=self._shared)
+        self._conv(stream, images, conv_out, count, self._nonfinite)
+        grid = (_grid(math.ceil(count / self._images_per_block), self._blocks), self.segments)
+        args = (conv_out, self._weights, partials, np.int32(count), np.int32(stride))
+        self._dense.prepared_async_call(grid, (self._threads, 1, 1), stream, *args, shared_size=self._shared)
 
 
 def shared_tiles(
@@ -250,14 +248,33 @@ def shared_tiles(
     return ConvThenDense(setup, conv, bands, dense, "dense_tree", threads, TREE_SEGMENTS, shared=threads * OUT_LAYER_SIZE * 8)
 
 
-def l2_resident(setup: DeviceSetup, streams: int, pass_images: int | None = None, build: Build = L2_BUILD) -> Launcher:
-    """Rung 12: rung 7's kernels a pass at a time, each pass's activations in L2 between them (`streams` lanes' passes
-    in flight at once); `pass_images` (default: from the L2's size) and `build` for the sweep."""
-    passes = pass_images or l2_pass_images(setup.l2_bytes, streams)
-    return ConvThenDense(
-        setup, build, CONV_BANDS_PER_BLOCK, build, "dense_coarsened", COARSE_THREADS, COARSE_SEGMENTS, images_per_block=COARSE_IMAGES,
-        pass_images=passes,
-    )
+class L2Resident:
+    """Rung 12: conv_tiled (rung 9's bit-exact conv alone, tiles of images streamed by cp.async) writing the activations,
+    then dense_coarsened (rung 7's) reading them, a pass of the chunk at a time: each pass's activations stay in L2
+    between the two kernels (`streams` lanes' passes in flight at once). `pass_images`: default from the L2's size."""
+
+    needs_conv_out, checks_finite, segments = True, False, COARSE_SEGMENTS
+
+    def __init__(self, setup: DeviceSetup, streams: int, pass_images: int | None = None, build: Build = L2_BUILD) -> None:
+        tile, shared = build.sizes["FT_TILE_IMAGES"], fused_tiled_shared_bytes(build.sizes)
+        self._conv = setup.function(build, "conv_tiled", "PPi", shared)
+        self._dense = setup.function(build, "dense_coarsened", "PPPii")
+        self._tile, self._conv_threads, self._shared, self._weights = tile, tile * CONV_OUT_DIM, shared, setup.weights
+        self._conv_blocks = setup.sm_count * setup.blocks_per_sm(tile * CONV_OUT_DIM, shared)
+        self._dense_blocks = max(1, setup.sm_count * BLOCKS_PER_SM // COARSE_SEGMENTS)
+        self.pass_images = pass_images or l2_pass_images(setup.l2_bytes, streams)
+
+    def __call__(self, stream: Any, images: int, conv_out: Any, partials: Any, count: int, stride: int) -> None:
+        for first in range(0, count, self.pass_images):
+            n = min(self.pass_images, count - first)
+            conv_grid = (_grid(math.ceil(n / self._tile), self._conv_blocks), 1)
+            self._conv.prepared_async_call(
+                conv_grid, (self._conv_threads, 1, 1), stream, images + first * IMAGE_BYTES, conv_out, np.int32(n), shared_size=self._shared
+            )
+            rows = int(partials) + first * OUT_LAYER_SIZE * 8  # this pass's images' rows of every segment
+            dense_grid = (_grid(math.ceil(n / COARSE_IMAGES), self._dense_blocks), COARSE_SEGMENTS)
+            args = (conv_out, self._weights, rows, np.int32(n), np.int32(stride))
+            self._dense.prepared_async_call(dense_grid, (COARSE_THREADS, 1, 1), stream, *args)
 
 
 def block_sweep(setup: DeviceSetup, bands: int = BLOCK_SWEEP_BEST[0], threads: int = BLOCK_SWEEP_BEST[1]) -> Launcher:

@@ -33,13 +33,15 @@
 // copy rate. Measured on the H100 (BENCHMARKS.md): 77% of it; rung 11 shows what holds it there.
 #include "../cnn.h"
 
-#if !defined(FT_TILE_IMAGES) || !defined(FT_STAGES) || !defined(FT_IMAGE_STRIDE) || !defined(FT_EXACT_CONV)
+#if !defined(FT_TILE_IMAGES) || !defined(FT_STAGES) || !defined(FT_IMAGE_STRIDE) || !defined(FT_EXACT_CONV) || !defined(FT_CONV_ONLY)
 #error "fused_tiled's sizes missing: build with `python build.py`"
 #endif
 #define FT_THREADS (FT_TILE_IMAGES * CONV_OUT_DIM)
 #define FT_COLUMNS_PER_WARP (WARP / FT_TILE_IMAGES)
 #define BAND_WEIGHTS (OUT_LAYER_SIZE * CONV_LAYER_SIZE * CONV_OUT_DIM)  // [neuron][filter][column] of one band
-#define STAGE_DOUBLES (FT_TILE_IMAGES * FT_IMAGE_STRIDE + BAND_WEIGHTS)
+// FT_CONV_ONLY (rung 12 builds this file so): the conv alone, conv_tiled, which writes the activations for a
+// dense kernel to read next; its stages then hold the images' bands only.
+#define STAGE_DOUBLES (FT_TILE_IMAGES * FT_IMAGE_STRIDE + (FT_CONV_ONLY ? 0 : BAND_WEIGHTS))
 #define BAND_COPIES (BAND_DOUBLES / 2)  // 16-byte copies per band of one image
 static_assert(WARP % FT_TILE_IMAGES == 0, "a warp holds whole columns of the tile");
 static_assert(FT_IMAGE_STRIDE % 2 == 0 && FT_IMAGE_STRIDE >= BAND_DOUBLES, "16-byte aligned image slots");
@@ -74,15 +76,23 @@ __device__ __forceinline__ void load_step(double *stage, const double *__restric
     }
     // weights[n][f * 400 + r * 20 + c] for every (n, f): 100 runs of 20 doubles.
     double *band_weights = stage + FT_TILE_IMAGES * FT_IMAGE_STRIDE;
-    for (int k = threadIdx.x; k < BAND_WEIGHTS / 2; k += FT_THREADS) {
+    for (int k = threadIdx.x; k < (FT_CONV_ONLY ? 0 : BAND_WEIGHTS / 2); k += FT_THREADS) {
         const int run = k / (CONV_OUT_DIM / 2), copy = k % (CONV_OUT_DIM / 2);  // run = n * 10 + f
         copy16_async(band_weights + run * CONV_OUT_DIM + 2 * copy, weights + run * MAP_SIZE + r * CONV_OUT_DIM + 2 * copy);
     }
 }
 
+#if FT_CONV_ONLY
+// conv_tiled(images, conv_out, batch): the activations, conv_out[image][f][r][c], as conv2d_relu writes them.
+extern "C" __global__ void __launch_bounds__(FT_THREADS, 1)
+conv_tiled(const double *__restrict__ images, double *__restrict__ conv_out, int batch)
+{
+    const double *weights = nullptr;  // nothing of the dense layer here (load_step copies none)
+#else
 extern "C" __global__ void __launch_bounds__(FT_THREADS, 1)
 fused_tiled(const double *__restrict__ images, const double *__restrict__ weights, double *__restrict__ partials, int batch)
 {
+#endif
     extern __shared__ __align__(16) double shared[];
     double *column_sums = shared + FT_STAGES * STAGE_DOUBLES;  // [neuron][image of tile][column]
     const int lane = threadIdx.x % WARP;
@@ -114,6 +124,14 @@ fused_tiled(const double *__restrict__ images, const double *__restrict__ weight
         const double *stage = shared + step % FT_STAGES * STAGE_DOUBLES;
         double taps[FILTER_TAPS];
         load_taps(taps, stage + i * FT_IMAGE_STRIDE + c * FILTER_DIM, INPUT_DIM);
+#if FT_CONV_ONLY
+        const long long image = tile_of(step) * FT_TILE_IMAGES + i;
+        const int r = step % CONV_OUT_DIM;
+        if (image < batch)
+#pragma unroll
+            for (int f = 0; f < CONV_LAYER_SIZE; ++f)
+                conv_out[image * OUT_NEURON_DIM + f * MAP_SIZE + r * CONV_OUT_DIM + c] = conv_relu(taps, filters + f * FILTER_TAPS);
+#else
         const double *band_weights = stage + FT_TILE_IMAGES * FT_IMAGE_STRIDE + c;
 #pragma unroll
         for (int f = 0; f < CONV_LAYER_SIZE; ++f) {
@@ -141,6 +159,7 @@ fused_tiled(const double *__restrict__ images, const double *__restrict__ weight
                     partials[image * OUT_LAYER_SIZE + n] = total;
             }
         }
+#endif
         __syncthreads();  // this step's buffer is refilled next step; column_sums is read before it is rewritten
     }
     wait_copies<0>();
