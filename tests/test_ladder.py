@@ -55,7 +55,7 @@ ENTRY_POINTS = {
     "ladder/09_fused_tiled.cu": ("fused_tiled",),
     "ladder/10_im2col_mma.cu": ("conv_mma", "dense_mma"),
     "ladder/11_fused_tiled_fma.cu": ("fused_tiled",),
-    "ladder/12_l2_resident.cu": ("conv_tiled", "dense_coarsened"),
+    "ladder/12_two_kernels.cu": ("conv_tiled", "dense_coarsened"),
 }
 
 
@@ -113,17 +113,9 @@ def test_each_rung_does_what_its_header_says(tmp_path: Path) -> None:
     assert "mma.sync.aligned.m8n8k4" in entry(mma, "dense_mma")
     assert "mma.sync" not in ptx(launchers.MMA_BUILD, "compute_75")
     # Rung 12: rung 9's conv alone, bit-exact (the dense layer's FMAs are dense_coarsened's), streamed by cp.async.
-    conv = entry(ptx(launchers.L2_BUILD, "compute_90"), "conv_tiled")
+    conv = entry(ptx(launchers.TWO_KERNELS_BUILD, "compute_90"), "conv_tiled")
     assert (conv.count("mul.rn.f64"), conv.count("add.rn.f64"), conv.count("fma.rn.f64")) == (250, 240, 0)
     assert "cp.async.cg.shared.global" in conv and "st.global.f64" in conv
-
-
-def test_rung_12s_passes_fill_half_the_l2_with_the_lanes_activations() -> None:
-    for l2, lanes in ((50 << 20, 3), (60 << 20, 3), (50 << 20, 1), (1 << 20, 8)):
-        images = launchers.l2_pass_images(l2, lanes)
-        assert images % launchers.COARSE_IMAGES == 0 and images >= launchers.COARSE_IMAGES
-        assert lanes * images * 32_000 <= l2 / 2 or images == launchers.COARSE_IMAGES
-        assert lanes * (images + launchers.COARSE_IMAGES) * 32_000 > l2 / 2 or images == launchers.COARSE_IMAGES
 
 
 def test_the_tiled_rungs_image_stride_spreads_each_half_warp_over_every_bank() -> None:
@@ -270,9 +262,9 @@ def test_rung_12_gives_the_same_bits_whatever_its_passes(rng: np.random.Generato
 
     cnn = random_cnn(rng)
     images = random_values(rng, 101, 100, 100)
-    with CudaContext(cnn, 101, LaunchConfig(kernel="l2_resident", streams=1)) as gpu:
+    with CudaContext(cnn, 101, LaunchConfig(kernel="two_kernels", streams=1)) as gpu:
         resident = DeviceImages(gpu.upload(ImageBatch(images)).allocation, 101)
-        outputs = [time_kernels(gpu, launchers.L2Resident(gpu.setup, 1, passes), resident, 1).outputs.values for passes in (4, 28, 1000)]
+        outputs = [time_kernels(gpu, launchers.TwoKernels(gpu.setup, passes), resident, 1).outputs.values for passes in (4, 28, 1000)]
     for got in outputs[1:]:
         assert got.view(np.uint64).tolist() == outputs[0].view(np.uint64).tolist()
     assert_within_rule(outputs[0], cpu_outputs(cnn, images), cnn, images)

@@ -21,8 +21,8 @@
 #   cpu       cnnlab bench's cpu and reader rows on every core and on one: the forward against the memory bound, the
 #             plain loop, numpy and PyTorch on the CPU; the CSV reader against numpy.loadtxt and Polars
 #   cpujob    30,000 CSV images (5.6 GB, page cache): cnnlab cpu's wall time, three runs, against cuda's, outputs compared
-#   l2        rung 12 (the card's two kernels, activations kept in L2) at several pass sizes beside rungs 6 and 7, and
-#             the resident row with each (tools/ladder_sweep.py l2)
+#   two       rung 12 (the card's two kernels, rung 9's conv and rung 7's dense) at several pass sizes beside rungs 6
+#             and 7, each kernel alone, and the resident row with each (tools/ladder_sweep.py two)
 #   tune      cpu mode's CSV reader on every core with other shares of its threads reading ahead and other steps
 #   profile   where cpu and cuda mode's time goes on the default data, from the process's start to its exit
 #             (tools/profile_startup.py), beside the driver's own start in C through ctypes (the floor)
@@ -145,8 +145,8 @@ for stage in $stages; do
       cnnlab generate --images 2000 --seed 459 --out-dir "$WORK/parsers2k" >/dev/null
       python3 tools/profile_cpu_csv.py "$WORK/parsers2k/in.csv" --threads 1 2 4 8 16 2>&1 | tee -a "$OUT/parsers.log" || status=1
       rm -rf "$WORK/parsers" "$WORK/parsers2k" ;;
-    l2)
-      python3 tools/ladder_sweep.py l2 2>&1 | tee "$OUT/l2.log" || status=1 ;;
+    two)
+      python3 tools/ladder_sweep.py two 2>&1 | tee "$OUT/two.log" || status=1 ;;
     tune)
       cnnlab generate --images 2000 --seed 459 --out-dir "$WORK/tune" >/dev/null
       python3 tools/profile_cpu_csv.py "$WORK/tune/in.csv" --threads 1 $(nproc) --ahead-share 1 2 4 8 --step 16 32 64 2>&1 | tee "$OUT/tune.log" || status=1

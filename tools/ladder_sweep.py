@@ -4,11 +4,11 @@ device-to-device copy of those images, its outputs checked against the CPU's und
 
 - fused: fused_tiled and fused_tiled_fma (kernel/ladder/09_fused_tiled.cu) at several tile sizes and stage
   counts, with the bit-exact conv (rung 9) and with FMAs in the conv (FT_EXACT_CONV=0, rung 11);
-- l2: each kernel of the two-kernel rungs alone; rung 12 (kernel/ladder/12_l2_resident.cu: two kernels a pass
-  at a time, the activations kept in L2) at several pass sizes, beside rungs 6 and 7 (activations to device memory);
+- two: each kernel of the two-kernel rungs alone; rung 12 (kernel/ladder/12_two_kernels.cu: rung 9's conv alone
+  and rung 7's dense kernel, a pass at a time) at several pass sizes, beside rungs 6 and 7;
   then the resident row (CudaContext.compute_resident, three lanes) with rung 6 and with rung 12.
 
-    python tools/ladder_sweep.py [fused] [l2] [--images N] [--repeats R] [--seed S]
+    python tools/ladder_sweep.py [fused] [two] [--images N] [--repeats R] [--seed S]
 
 Prints one line a variant: images/s (median, slowest..fastest), share of the bound, and the check; for the
 fused rungs also registers a thread, shared memory a block and blocks per multiprocessor.
@@ -41,7 +41,7 @@ from cnnlab.network import IMAGE_BYTES, Cnn, ImageBatch  # noqa: E402
 # (images per tile, stages, exact conv): 8 x 2 is the rungs' shape (two blocks a multiprocessor); 16 x 2
 # fits one block, 8 x 3 and 8 x 4 one block with a deeper pipeline.
 VARIANTS = ((8, 2, True), (16, 2, True), (8, 3, True), (8, 2, False), (16, 2, False), (8, 3, False))
-PASSES = (None, 64, 128, 256, 512, 1024, 2048)  # rung 12's images a pass (None: from the L2's size, one lane)
+PASSES = (None, 1024, 2048, 8192, 65536)  # rung 12's images a pass (None: its own, a wave of the device's conv blocks)
 CHECK_IMAGES = 256
 
 
@@ -55,8 +55,8 @@ def stage_times(context: CudaContext, resident: Any, bound: float, repeats: int)
     conv = kernels.Conv2dRelu(setup.module(launchers.KERNEL_BUILD), setup.sm_count)
     dense = kernels.FlattenedToDense(setup.module(launchers.KERNEL_BUILD), setup.sm_count, 4, 256)
     coarse = setup.function(launchers.COARSE_BUILD, "dense_coarsened", "PPPii")
-    tiled_shared = launchers.fused_tiled_shared_bytes(launchers.L2_BUILD.sizes)
-    tiled = setup.function(launchers.L2_BUILD, "conv_tiled", "PPi", tiled_shared)
+    tiled_shared = launchers.fused_tiled_shared_bytes(launchers.TWO_KERNELS_BUILD.sizes)
+    tiled = setup.function(launchers.TWO_KERNELS_BUILD, "conv_tiled", "PPi", tiled_shared)
     tiled_blocks = setup.sm_count * setup.blocks_per_sm(160, tiled_shared)
     blocks = max(1, setup.sm_count * kernels.BLOCKS_PER_SM // 4)
     stages = (
@@ -94,7 +94,7 @@ def report(name: str, timing: Any, bound: float, want: np.ndarray, extra: str = 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("parts", nargs="*", choices=("fused", "l2"), default=("fused", "l2"), help="which rungs to sweep (default both)")
+    parser.add_argument("parts", nargs="*", choices=("fused", "two"), default=("fused", "two"), help="which rungs to sweep (default both)")
     parser.add_argument("--images", type=int, default=65536)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--seed", type=int)
@@ -123,15 +123,12 @@ def main() -> int:
                 continue
             blocks = context.setup.blocks_per_sm(tile * 20, shared)
             report(name, timing, bound, want, f" {registers} registers, {shared:,} B shared, {blocks} blocks/SM;")
-        if "l2" in args.parts:
+        if "two" in args.parts:
             stage_times(context, resident, bound, args.repeats)
-            l2 = context.setup.l2_bytes
-            passes = {lanes: launchers.l2_pass_images(l2, lanes) for lanes in (1, 3)}
-            print(f"L2: {l2 / 2**20:.0f} MB; rung 12's pass from it, one lane: {passes[1]} images, three lanes: {passes[3]}")
             for name, make in (
                 ("rung 6 warp_shuffle (activations to HBM)", lambda: ladder.launcher("warp_shuffle", context.setup, LaunchConfig())),
                 ("rung 7 coarsened (activations to HBM)", lambda: ladder.launcher("coarsened", context.setup, LaunchConfig())),
-                *((f"rung 12, {passes or 'auto'} a pass", partial(launchers.L2Resident, context.setup, 1, passes)) for passes in PASSES),
+                *((f"rung 12, {passes or 'a wave'} a pass", partial(launchers.TwoKernels, context.setup, passes)) for passes in PASSES),
             ):
                 try:
                     with device_errors(f"cannot load {name}"):
@@ -140,8 +137,8 @@ def main() -> int:
                 except CnnlabError as error:
                     print(f"{name}: not run: {error}")
         context.free(resident)
-    if "l2" in args.parts:  # the resident row's schedule: three lanes of a third of the images each, compute_resident
-        for kernel in ("warp_shuffle", "coarsened", "l2_resident"):
+    if "two" in args.parts:  # the resident row's schedule: three lanes of a third of the images each, compute_resident
+        for kernel in ("warp_shuffle", "coarsened", "two_kernels"):
             with CudaContext(cnn, args.images, LaunchConfig(kernel=kernel)) as context:
                 resident = context.upload(ImageBatch(images))
                 rate = median_rate(args.images, lambda context=context, resident=resident: context.compute_resident(resident), args.repeats)

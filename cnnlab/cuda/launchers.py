@@ -30,7 +30,6 @@ SWEEP_BANDS = (2, 4, 8, 12)  # rung 5: conv2d_relu's bands per block (x 20 threa
 SWEEP_THREADS = (64, 128, 256, 512, 1024)  # rung 5: dense_tree's threads per block
 BLOCK_SWEEP_BEST = (12, 128)  # rung 5's (bands, threads) for `cnnlab cuda`: the fastest pair of the H100 sweep (BENCHMARKS.md)
 COARSE_IMAGES, COARSE_THREADS, COARSE_SEGMENTS = 4, 256, 4  # rung 7 (and rung 12's dense kernel)
-L2_SHARE = 2  # rung 12: the activations of the passes in flight take at most half of the L2
 FUSED_THREADS = 256  # rung 8
 # Rung 9: images per tile and shared-memory buffers taking turns. 8 x 2 leaves room for two blocks a
 # multiprocessor (108,800 bytes each), whose barriers then fall at different times; on the H100 it beat
@@ -73,8 +72,8 @@ def fused_tiled_shared_bytes(sizes: Mapping[str, int]) -> int:
 
 
 KERNEL_BUILD = Build("kernel.cu")
-L2_BUILD = Build(  # rung 12: rung 9's conv alone (conv_tiled) and rung 7's dense kernel in one module
-    "ladder/12_l2_resident.cu", {**fused_tiled_sizes(conv_only=True), "COARSE_IMAGES": COARSE_IMAGES, "COARSE_MAX_THREADS": COARSE_THREADS}
+TWO_KERNELS_BUILD = Build(  # rung 12: rung 9's conv alone (conv_tiled) and rung 7's dense kernel in one module
+    "ladder/12_two_kernels.cu", {**fused_tiled_sizes(conv_only=True), "COARSE_IMAGES": COARSE_IMAGES, "COARSE_MAX_THREADS": COARSE_THREADS}
 )
 LAB_BUILD = Build("ladder/01_lab.cu", {"LAB_CONV_BLOCKS": LAB_CONV_BLOCKS, "LAB_THREADS": LAB_THREADS, "LAB_SEGMENTS": LAB_SEGMENTS})
 GLOBAL_BUILD = Build("ladder/02_batched_global.cu")
@@ -108,10 +107,6 @@ def activation_images(launcher: Launcher, chunk: int) -> int:
     return min(chunk, launcher.pass_images or chunk) if launcher.needs_conv_out else 0
 
 
-def l2_pass_images(l2_bytes: int, in_flight: int) -> int:
-    """Images a pass whose activations, `in_flight` passes at once (a lane each), fill at most 1/L2_SHARE of the L2:
-    the rest holds the weights and the images streaming through."""
-    return max(COARSE_IMAGES, l2_bytes // L2_SHARE // in_flight // (OUT_NEURON_DIM * 8) // COARSE_IMAGES * COARSE_IMAGES)
 
 
 class DeviceSetup:
@@ -126,7 +121,6 @@ class DeviceSetup:
         self.capability: tuple[int, int] = device.compute_capability()
         self.shared_per_block = device.get_attribute(attribute.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
         self.shared_per_sm = device.get_attribute(attribute.MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)
-        self.l2_bytes = device.get_attribute(attribute.L2_CACHE_SIZE)
         self._modules: dict[tuple[str, str], Any] = {}
         self._global_filters: Any = None
         self.nonfinite = memory.device(4)  # conv2d_relu's flag (rungs 4 to 7): an image value was a NaN or an infinity
@@ -248,21 +242,22 @@ def shared_tiles(
     return ConvThenDense(setup, conv, bands, dense, "dense_tree", threads, TREE_SEGMENTS, shared=threads * OUT_LAYER_SIZE * 8)
 
 
-class L2Resident:
+class TwoKernels:
     """Rung 12: conv_tiled (rung 9's bit-exact conv alone, tiles of images streamed by cp.async) writing the activations,
-    then dense_coarsened (rung 7's) reading them, a pass of the chunk at a time: each pass's activations stay in L2
-    between the two kernels (`streams` lanes' passes in flight at once). `pass_images`: default from the L2's size."""
+    then dense_coarsened (rung 7's) reading them, a pass of the chunk at a time: a pass fills the device's conv blocks
+    with tiles once (`pass_images` sets another size, for the sweep), so the activations buffer holds a pass, not a
+    chunk."""
 
     needs_conv_out, checks_finite, segments = True, False, COARSE_SEGMENTS
 
-    def __init__(self, setup: DeviceSetup, streams: int, pass_images: int | None = None, build: Build = L2_BUILD) -> None:
+    def __init__(self, setup: DeviceSetup, pass_images: int | None = None, build: Build = TWO_KERNELS_BUILD) -> None:
         tile, shared = build.sizes["FT_TILE_IMAGES"], fused_tiled_shared_bytes(build.sizes)
         self._conv = setup.function(build, "conv_tiled", "PPi", shared)
         self._dense = setup.function(build, "dense_coarsened", "PPPii")
         self._tile, self._conv_threads, self._shared, self._weights = tile, tile * CONV_OUT_DIM, shared, setup.weights
         self._conv_blocks = setup.sm_count * setup.blocks_per_sm(tile * CONV_OUT_DIM, shared)
         self._dense_blocks = max(1, setup.sm_count * BLOCKS_PER_SM // COARSE_SEGMENTS)
-        self.pass_images = pass_images or l2_pass_images(setup.l2_bytes, streams)
+        self.pass_images = pass_images or self._conv_blocks * tile
 
     def __call__(self, stream: Any, images: int, conv_out: Any, partials: Any, count: int, stride: int) -> None:
         for first in range(0, count, self.pass_images):
