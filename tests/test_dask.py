@@ -250,3 +250,28 @@ def test_on_the_gpu_within_the_lab_rule(client: Any, tmp_path: Path, rng: np.ran
         got = np.array(read_output_rows(output))
         assert_within_rule(got, cnnlab_api.forward(inputs[input_path], cnn), cnn, inputs[input_path])
 
+
+def test_the_pages_examples_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, rng: np.random.Generator) -> None:
+    """docs/dask.md's two examples, on a CNN file and images of their own."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "dask.md").read_text()
+    on_an_array, on_a_folder = re.findall(r"```python\n(.*?)```", page, re.S)
+    monkeypatch.chdir(tmp_path)
+    cnn = random_cnn(rng)
+    (tmp_path / "data").mkdir()
+    write_cnn_file(tmp_path / "data" / "cnn.csv", cnn.filters, cnn.weights)
+    images = random_values(rng, 9, 100, 100)
+    da.to_npy_stack(tmp_path / "images", da.from_array(images, chunks=(4, 100, 100)))
+    with dask.config.set(scheduler="threads"):  # its paths are relative: read here, not in the cluster's working directory
+        exec(on_an_array, {})
+    got = np.concatenate([np.load(tmp_path / "outputs" / f"{block}.npy") for block in range(3)])
+    assert (bits(got) == bits(cnnlab_api.forward(images, cnn))).all()
+    (tmp_path / "input").mkdir()
+    write_cnn_file(tmp_path / "input" / "cnn.csv", cnn.filters, cnn.weights)
+    for name, count in (("in1", 2), ("in2", 3)):
+        write_input_file(tmp_path / "input" / f"{name}.csv", count, random_values(rng, count, 100, 100))
+    names: dict[str, Any] = {}
+    exec(on_a_folder, names)
+    assert names["outputs"] == [Path("out") / "in1.csv", Path("out") / "in2.csv"]
+    for name in ("in1", "in2"):
+        want = cnnlab_api.forward(cnnlab_api.load_images(tmp_path / "input" / f"{name}.csv"), cnn)
+        assert read_output_rows(tmp_path / "out" / f"{name}.csv") == want.tolist()
