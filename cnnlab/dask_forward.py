@@ -1,0 +1,237 @@
+"""cnnlab on Dask: a Dask array of images through the network a block at a time on each worker's one backend, and a
+folder of lab input files through a cluster, one task a file (Dask is imported only here, and only when called)."""
+
+from __future__ import annotations
+
+import atexit
+import math
+import os
+import queue
+import threading
+import warnings
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from cnnlab.api import gpu_index
+from cnnlab.arrays import image_count
+from cnnlab.errors import ArrayError, OutputFileError, UsageError
+from cnnlab.files.formats import trailing_data_note
+from cnnlab.files.labcsv import read_cnn
+from cnnlab.network import INPUT_DIM, OUT_LAYER_SIZE, Backend, Cnn, ImageBatch, first_nonfinite, nonfinite_error
+from cnnlab.run import run_network
+
+if TYPE_CHECKING:
+    import dask.array
+    from distributed import Client
+
+
+def forward_blocks(images: dask.array.Array, cnn: Cnn, device: str = "cpu") -> dask.array.Array:
+    """The network's outputs for a Dask array of images, as a Dask array: (N, 100, 100) in, (N, 10) float64 out, chunked
+    along N as the images are; one (100, 100) image gives (10,).
+
+    Each block is one forward on the backend its worker process keeps for this CNN and device (made by the first block,
+    closed when the process ends), and the CNN is one key of the graph, so it travels once to each worker, not once a
+    block. Chunks that split the 100x100 axes are rechunked to whole images first (N's chunks stay as they are: they are
+    the blocks, and a GPU wants thousands of images a block). Any real dtype is converted to float64 a block at a time,
+    as cnnlab.forward converts numpy arrays. Nothing is computed here: a wrong shape or dtype raises ArrayError at once,
+    a NaN or an infinity when the block holding it is computed.
+    """
+    import dask
+    from dask.base import tokenize
+
+    if not isinstance(cnn, Cnn):
+        raise UsageError(f"cnn must be a cnnlab.Cnn (load_cnn(path), or Cnn(filters, weights)), not {type(cnn).__name__}")
+    gpu = gpu_index(device)
+    if image_count(images.shape)[1]:
+        return forward_blocks(images[None], cnn, device)[0]
+    if images.dtype.kind not in "fiu":
+        raise ArrayError(f"images must hold real numbers (any float or integer dtype, converted to float64), not {images.dtype}")
+    if any(math.isnan(size) for size in images.chunks[0]):
+        raise ArrayError("images have chunks of unknown size along N: images.compute_chunk_sizes() first")
+    if images.chunks[1:] != ((INPUT_DIM,), (INPUT_DIM,)):
+        images = images.rechunk({1: INPUT_DIM, 2: INPUT_DIM})
+    token = tokenize(cnn)
+    name = f"cnnlab-forward-{tokenize(images, token, gpu)}"
+    starts = tuple(np.cumsum((0, *images.chunks[0])).tolist())  # each block's first image, for errors that name one
+    # An image a row, a view of each block: map_blocks then drops no axis, where a dropped axis would be concatenated
+    # (a copy of every block, which took 4 times the forward's own time on the CPU).
+    rows = images.reshape(images.shape[0], INPUT_DIM * INPUT_DIM)
+    return rows.map_blocks(
+        _forward_block,
+        dask.delayed(cnn, name=f"cnnlab-cnn-{token}"),  # a key of its own, which every block's task names
+        token,
+        gpu,
+        starts,
+        dtype=np.float64,
+        chunks=(images.chunks[0], (OUT_LAYER_SIZE,)),
+        meta=np.empty((0, OUT_LAYER_SIZE)),  # declared, so that map_blocks never calls _forward_block to find it
+        name=name,
+    )
+
+
+def _forward_block(
+    rows: np.ndarray, cnn: Cnn, token: str, gpu: int | None, starts: tuple[int, ...], block_id: tuple[int, ...]
+) -> np.ndarray:
+    """One block's outputs, on this process's backend for the CNN and device (GPU `gpu`, or the CPU for None); a NaN or
+    an infinity is named by its index in the whole array, as cnnlab.forward names it."""
+    if not len(rows):
+        return np.empty((0, OUT_LAYER_SIZE))
+    images = rows.reshape(len(rows), INPUT_DIM, INPUT_DIM)
+    try:
+        return _on_backend(cnn, token, gpu, partial(_outputs, images)).result()
+    except ArrayError:
+        index = first_nonfinite(images)
+        if index is None:
+            raise
+        raise nonfinite_error("images", f"{images[index]} at index {(starts[block_id[0]] + index[0], *index[1:])}") from None
+
+
+def _outputs(images: np.ndarray, backend: Any) -> np.ndarray:
+    """The outputs of host images on a backend: the GPU's forward converts them as it copies them; the CPU's compute
+    takes C-ordered float64."""
+    if backend.name == "cpu":
+        return backend.compute(ImageBatch(np.ascontiguousarray(images, dtype=np.float64)), check_finite=True).values
+    return backend.forward(images)
+
+
+class _BackendThread:
+    """A backend on a thread of its own, which makes it (at its first job), runs every job and closes it: a CUDA context
+    is current only in the thread that made it, and a backend runs one batch at a time, from whatever threads a Dask
+    scheduler calls."""
+
+    def __init__(self, make: Callable[[], Backend]) -> None:
+        self._make = make
+        self._jobs: queue.SimpleQueue[tuple[Callable[[Backend], Any], Future] | None] = queue.SimpleQueue()
+        # A daemon: the interpreter's exit does not wait for it, and it still runs when atexit closes it.
+        self._thread = threading.Thread(target=self._serve, name="cnnlab-backend", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Callable[[Backend], Any]) -> Future:
+        future: Future = Future()
+        self._jobs.put((job, future))
+        return future
+
+    def _serve(self) -> None:
+        backend: Backend | None = None
+        while (item := self._jobs.get()) is not None:
+            job, future = item
+            try:
+                backend = backend or self._make()  # a failure to make it fails this job; the next tries again
+                future.set_result(job(backend))
+            except BaseException as error:
+                future.set_exception(error)
+        if backend is not None:
+            backend.close()
+
+    def close(self) -> None:
+        """Close the backend once the jobs already submitted are done."""
+        self._jobs.put(None)
+        self._thread.join()
+
+
+def _make_backend(cnn: Cnn, gpu: int | None) -> Backend:
+    """What `cnnlab cpu` (for None) or `cnnlab cuda --device GPU` runs on: the CUDA one imported only when asked for."""
+    if gpu is None:
+        from cnnlab.cpu.backend import CpuBackend
+
+        return CpuBackend(cnn)
+    from cnnlab.cuda.context import CudaContext
+
+    return CudaContext(cnn, device=gpu)
+
+
+# This process's backends: for each device (a GPU's index, None for the CPU), the token of the CNN it holds and its
+# thread. A new CNN for a device replaces the old one's backend, so that a long-lived worker holds one backend (a GPU's
+# buffers) a device, not one a CNN.
+_BACKENDS: dict[int | None, tuple[str, _BackendThread]] = {}
+_BACKENDS_LOCK = threading.Lock()
+
+
+def _on_backend(cnn: Cnn, token: str, gpu: int | None, job: Callable[[Backend], Any]) -> Future:
+    """Run `job` on this process's backend for the CNN (whose Dask token is `token`) on GPU `gpu` (None: the CPU), made
+    at the first job."""
+    with _BACKENDS_LOCK:  # submitted under the lock: a job is never queued behind a replaced backend's close
+        held = _BACKENDS.get(gpu)
+        if held is None or held[0] != token:
+            if held is not None:
+                held[1].close()
+            held = _BACKENDS[gpu] = (token, _BackendThread(partial(_make_backend, cnn, gpu)))
+        return held[1].submit(job)
+
+
+@atexit.register
+def _close_backends() -> None:
+    """Close every backend as the process ends (a Dask worker's too): a GPU's context and buffers are freed in order."""
+    with _BACKENDS_LOCK:
+        for _, thread in _BACKENDS.values():
+            thread.close()
+        _BACKENDS.clear()
+
+
+def run_files(
+    client: Client | None,
+    cnn_path: str | os.PathLike,
+    input_paths: Iterable[str | os.PathLike],
+    output_dir: str | os.PathLike,
+    device: str = "cpu",
+) -> list[Path]:
+    """Run each lab input file (CSV, or .npy by its extension) through the network on a Dask cluster, one task a file,
+    each writing output_dir/STEM.csv as `cnnlab cpu` or `cnnlab cuda` writes its output (whole or not at all); return
+    those paths, in the inputs' order.
+
+    `client`: a distributed.Client, or None for Dask's default scheduler (the last Client made, else threads in this
+    process). The CNN file is read here, once, and the CNN sent once to each worker; the input files are read and the
+    outputs written by the workers, at the same absolute paths (a relative one is taken from this process's working
+    directory), so on many hosts they must lie on a file system all of them share. Each worker runs its files on the
+    backend it keeps for this CNN and device, as forward_blocks does. A warning is issued here for each input with data
+    after its N matrices, as the command line warns.
+    """
+    import dask
+    from dask.base import tokenize
+
+    gpu = gpu_index(device)
+    inputs = [Path(path) for path in input_paths]
+    outputs = [Path(output_dir) / f"{path.stem}.csv" for path in inputs]
+    if len(set(outputs)) < len(outputs):
+        raise UsageError("two input files share a name (less its extension): their outputs would be one file")
+    _refuse_overwrites(outputs, [("CNN file", cnn_path), *(("input file", path) for path in inputs)])
+    cnn = read_cnn(cnn_path)
+    token = tokenize(cnn)
+    cnn_once = dask.delayed(cnn, name=f"cnnlab-cnn-{token}")
+    tasks = [  # absolute paths: a worker's working directory is its own
+        dask.delayed(_run_file, pure=False)(cnn_once, token, gpu, path.absolute(), output.absolute())
+        for path, output in zip(inputs, outputs)
+    ]
+    for note in dask.compute(*tasks, scheduler=client):
+        if note is not None:
+            warnings.warn(note, stacklevel=2)
+    return outputs
+
+
+def _refuse_overwrites(outputs: list[Path], others: list[tuple[str, str | os.PathLike]]) -> None:
+    """An OutputFileError where an output is one of `others` (role, path) under any name, as refuse_same_file refuses it,
+    each file looked at once rather than once a pair: a folder may hold thousands of inputs."""
+    known = {_identity(path): (role, path) for role, path in others}
+    for output in outputs:
+        if (found := known.get(_identity(output))) is not None:
+            raise OutputFileError(f"{output}: is the {found[0]} {found[1]}; refusing to write over it")
+
+
+def _identity(path: str | os.PathLike) -> tuple[int, int] | str:
+    """A file's device and inode where it exists (the same under every name), else the path its links lead to."""
+    try:
+        status = os.stat(path)
+    except OSError:
+        return os.path.realpath(path)
+    return status.st_dev, status.st_ino
+
+
+def _run_file(cnn: Cnn, token: str, gpu: int | None, input_path: Path, output_path: Path) -> str | None:
+    """One input file's run, as the command line's, on this process's backend; what to warn of its input, if anything."""
+    stats = _on_backend(cnn, token, gpu, lambda backend: run_network(backend, input_path, output_path)).result()
+    return trailing_data_note(input_path, stats.images, stats.trailing_data_line)
