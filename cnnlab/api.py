@@ -99,6 +99,8 @@ def forward(images: Any, cnn: Cnn, device: Any = "cpu", out: Any = None) -> Any:
     `__cuda_array_interface__`), C-ordered float64, read where it lies, and `out` a float64 device
     array of the result's shape that receives the outputs on the device (then returned). A wrong
     shape or dtype, or a NaN or an infinity in the images, raises ArrayError.
+    A Dask array of images gives a Dask array of outputs, each block through the network on its worker
+    (cnnlab.dask_forward; docs/dask.md).
 
     Each call with device="cuda" starts the GPU's context, loads the kernels and allocates buffers;
     for repeated calls, make them once: `with cnnlab.CudaContext(cnn) as gpu: gpu.forward(images)`.
@@ -114,6 +116,12 @@ def forward(images: Any, cnn: Cnn, device: Any = "cpu", out: Any = None) -> Any:
     """
     if not isinstance(cnn, Cnn):
         raise UsageError(f"cnn must be a cnnlab.Cnn (load_cnn(path), or Cnn(filters, weights)), not {type(cnn).__name__}")
+    if type(images).__module__.startswith("dask."):
+        if out is not None:
+            raise ArrayError("out takes a device array; a Dask array's outputs are a Dask array, computed where its blocks are")
+        from cnnlab.dask_forward import forward_blocks
+
+        return forward_blocks(images, cnn, device)
     gpu = gpu_index(device)
     if gpu is not None:
         from cnnlab.cuda.context import CudaContext

@@ -44,6 +44,10 @@ class InputFileError(CnnlabError):
         where = where if line is None else f"{where}:{line}"
         super().__init__(f"{where}: {message}")
 
+    def __reduce__(self) -> tuple:
+        """Made again from its parts, so that it crosses a process boundary (Dask's workers) as itself."""
+        return type(self), (self.path, self.message, self.line)
+
 
 class OutputFileError(CnnlabError):
     """An output that cannot be written where it was asked for."""

@@ -150,3 +150,16 @@ def test_the_readme_example_runs_and_gives_the_lab_outputs(monkeypatch: pytest.M
     names: dict[str, object] = {}
     exec(example, names)
     assert names["outputs"].tolist() == read_output_rows(ROOT / "data" / "out.csv")
+
+
+def test_a_file_error_crosses_a_process_boundary_as_itself(tmp_path: Path) -> None:
+    """Dask's process workers send exceptions back pickled: an InputFileError must come back whole, not as a TypeError."""
+    import pickle
+
+    bad = tmp_path / "bad.csv"
+    bad.write_text("2\n1,2\n")
+    with pytest.raises(cnnlab.InputFileError) as raised:
+        cnnlab.load_images(bad)
+    again = pickle.loads(pickle.dumps(raised.value))
+    assert type(again) is cnnlab.InputFileError
+    assert (again.path, again.line, again.message, str(again)) == (str(bad), 2, raised.value.message, str(raised.value))

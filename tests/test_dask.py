@@ -189,10 +189,14 @@ def test_a_value_that_is_not_finite_is_named_by_its_index_in_the_array(client: A
         client.compute(outputs).result()
 
 
-@pytest.mark.xfail(strict=True, reason="api.forward's dispatch is wired on main")
 def test_cnnlab_forward_takes_a_dask_array(rng: np.random.Generator) -> None:
-    images = da.from_array(random_values(rng, 4, 100, 100), chunks=(2, 100, 100))
-    assert isinstance(cnnlab_api.forward(images, random_cnn(rng)), da.Array)
+    images = random_values(rng, 4, 100, 100)
+    cnn = random_cnn(rng)
+    outputs = cnnlab_api.forward(da.from_array(images, chunks=(2, 100, 100)), cnn)
+    assert isinstance(outputs, da.Array)
+    assert np.array_equal(outputs.compute(), cnnlab_api.forward(images, cnn))
+    with pytest.raises(cnnlab_api.ArrayError, match="out takes a device array"):
+        cnnlab_api.forward(da.from_array(images, chunks=(2, 100, 100)), cnn, out=np.empty((4, 10)))
 
 
 def write_inputs(folder: Path, cnn: Cnn, rng: np.random.Generator) -> tuple[Path, dict[Path, np.ndarray]]:
