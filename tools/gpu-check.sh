@@ -23,6 +23,9 @@
 #   cpujob    30,000 CSV images (5.6 GB, page cache): cnnlab cpu's wall time, three runs, against cuda's, outputs compared
 #   two       rung 12 (the card's two kernels, rung 9's conv and rung 7's dense) at several pass sizes beside rungs 6
 #             and 7, each kernel alone, and the resident row with each (tools/ladder_sweep.py two)
+#   dask      the Dask path's tests (a local cluster of worker processes, the cuda backend among them), and the Dask
+#             path on one GPU against CudaContext.forward on the same .npy images (tools/bench_dask.py; Dask's wheels
+#             travel in .wheelhouse)
 #   tune      cpu mode's CSV reader on every core with other shares of its threads reading ahead and other steps
 #   profile   where cpu and cuda mode's time goes on the default data, from the process's start to its exit
 #             (tools/profile_startup.py), beside the driver's own start in C through ctypes (the floor)
@@ -147,6 +150,11 @@ for stage in $stages; do
       rm -rf "$WORK/parsers" "$WORK/parsers2k" ;;
     two)
       python3 tools/ladder_sweep.py two 2>&1 | tee "$OUT/two.log" || status=1 ;;
+    dask)
+      {
+        python3 -m pytest -q -rs -p no:cacheprovider tests/test_dask.py
+        python3 tools/bench_dask.py
+      } 2>&1 | tee "$OUT/dask.log" || status=1 ;;
     tune)
       cnnlab generate --images 2000 --seed 459 --out-dir "$WORK/tune" >/dev/null
       python3 tools/profile_cpu_csv.py "$WORK/tune/in.csv" --threads 1 $(nproc) --ahead-share 1 2 4 8 --step 16 32 64 2>&1 | tee "$OUT/tune.log" || status=1
