@@ -142,7 +142,9 @@ def _make_backend(cnn: Cnn, gpu: int | None) -> Backend:
         return CpuBackend(cnn)
     from cnnlab.cuda.context import CudaContext
 
-    return CudaContext(cnn, device=gpu)
+    # Every core the worker may run on copies its blocks into page-locked memory: Dask's OMP_NUM_THREADS=1 keeps a
+    # worker's compute libraries from taking every core each, and a GPU's worker computes nothing on the host.
+    return CudaContext(cnn, device=gpu, threads=len(os.sched_getaffinity(0)))
 
 
 # This process's backends: for each device (a GPU's index, None for the CPU), the token of the CNN it holds and its

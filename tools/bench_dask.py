@@ -6,10 +6,15 @@
 Rows, each images/s (median, slowest..fastest of --repeats after a warm-up):
 - forward: CudaContext.forward (cnnlab.forward with --device cpu) on the images already in memory: the figure to match;
 - load + forward: the same with the .npy file read into memory first (np.load), as a script would;
-- dask: cnnlab.forward on a Dask array read from the file a block at a time (--block images), on a local cluster of one
-  worker process (the GPU's worker, as dask-cuda would make it), outputs gathered to the client.
-Then the Dask row's ratio to the first row, and its outputs checked against it (the CPU: bit for bit; the GPU: identical,
-the same kernels on the same images).
+- forward, 1 thread (the GPU only): forward with its images copied into page-locked memory on one thread, not on every
+  core;
+- dask, in memory: cnnlab.forward on a Dask array of the same images in memory (da.from_array, --block images a block),
+  computed by Dask's threaded scheduler in this process: what Dask itself costs;
+- dask, from file: cnnlab.forward on a Dask array read from the file a block at a time, on a local cluster of one worker
+  process (the GPU's worker, as dask-cuda would make it), outputs gathered to the client: the many-hosts recipe, bound
+  by reading the file, as the load + forward row is.
+Then each row's ratio to the first, and the Dask rows' outputs checked against forward's (the CPU: bit for bit; the
+GPU: identical, the same kernels on the same images).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import cnnlab  # noqa: E402
 from cnnlab.generate import random_values  # noqa: E402
-from cnnlab.network import INPUT_DIM  # noqa: E402
+from cnnlab.network import IMAGE_BYTES, INPUT_DIM  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -63,8 +68,11 @@ def npy_blocks(path: Path, count: int, block: int):  # noqa: ANN201  (a dask.arr
     import dask
     import dask.array as da
 
-    def read(start: int, stop: int) -> np.ndarray:
-        return np.array(np.load(path, mmap_mode="r")[start:stop])
+    offset = np.load(path, mmap_mode="r").offset  # where the data starts, past the header
+
+    def read(start: int, stop: int) -> np.ndarray:  # one read() into a new array: no page faults on a mapping
+        values = np.fromfile(path, np.float64, (stop - start) * INPUT_DIM * INPUT_DIM, offset=offset + start * IMAGE_BYTES)
+        return values.reshape(stop - start, INPUT_DIM, INPUT_DIM)
 
     parts = [
         da.from_delayed(dask.delayed(read)(start, min(start + block, count)), (min(block, count - start), INPUT_DIM, INPUT_DIM), np.float64)
@@ -97,16 +105,24 @@ def main() -> int:
                 timed("forward", args.images, lambda: forward(images), args.repeats),
                 timed("load + forward", args.images, lambda: forward(np.load(path)), args.repeats),
             ]
+        if gpu is not None:  # what the copier's threads buy: the same forward staging its images on one thread
+            with cnnlab.CudaContext(cnn, threads=1) as alone:
+                rows.append(timed("forward, 1 thread", args.images, lambda: alone.forward(images), args.repeats))
         # One worker process, as dask-cuda makes one a GPU; threads enough to read the next blocks while one computes.
         with LocalCluster(n_workers=1, threads_per_worker=4, processes=True, dashboard_address=None) as cluster, Client(cluster) as client:
             outputs = cnnlab.forward(npy_blocks(path, args.images, args.block), cnn, device=args.device)
             computed = client.compute(outputs).result()
-            rows.append(timed("dask", args.images, lambda: client.compute(outputs).result(), args.repeats))
+            rows.append(timed("dask, from file", args.images, lambda: client.compute(outputs).result(), args.repeats))
+        import dask.array as da
+
+        in_memory = cnnlab.forward(da.from_array(images, chunks=(args.block, INPUT_DIM, INPUT_DIM)), cnn, device=args.device)
+        computed_in_memory = in_memory.compute(scheduler="threads")
+        rows.insert(1, timed("dask, in memory", args.images, lambda: in_memory.compute(scheduler="threads"), args.repeats))
     device = "the CPU" if args.device == "cpu" else args.device
     print(f"{args.images:,} images (fresh random, float64) from a .npy file in the page cache, on {device}; Dask blocks of {args.block:,}")
     for rate in rows:
         print(rate.line(None if rate is rows[0] else rows[0]))
-    same = np.array_equal(computed, expected)
+    same = np.array_equal(computed, expected) and np.array_equal(computed_in_memory, expected)
     print(f"dask's outputs {'identical to' if same else 'DIFFER from'} forward's")
     return 0 if same else 1
 

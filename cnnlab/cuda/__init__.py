@@ -8,7 +8,8 @@ kernels.py     kernel/kernel.cu's sizes, defined once, and one launcher per kern
 ladder.py      the optimization ladder: the rungs, what each teaches, how exact it is, the launch configuration
 launchers.py   each rung's sizes, builds and launcher, and what they need of the context (DeviceSetup)
 csv_parser.py  kernel/csv.cu's launchers: the lab's input CSV parsed on the GPU
-nvcc.py        one kernel source compiled by nvcc to a fatbin, where stale
+nvcc.py        one kernel source compiled by nvcc to PTX and a fatbin, where stale
+spread.py      several GPUs as one backend: each batch split in input order over them
 buildstep.py   `python build.py`: every kernel source and ladder variant built, one nvcc per core
 
 Nothing is imported here: `python -m cnnlab cuda` imports driver.py before numpy, to start the driver sooner.

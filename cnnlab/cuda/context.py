@@ -31,7 +31,7 @@ from cnnlab.cuda.kernels import FindNonFinite, SumSegments
 from cnnlab.cuda.ladder import LaunchConfig, launcher
 from cnnlab.cuda.lanes import ChunkSource, CsvText, DeviceOutputs, HostImages, Lanes, ResidentImages
 from cnnlab.cuda.launchers import KERNEL_BUILD, DeviceSetup, Launcher
-from cnnlab.cuda.memory import Allocator, is_page_locked
+from cnnlab.cuda.memory import Allocator, HostCopier, is_page_locked
 from cnnlab.cuda.nvcc import ensure_modules
 from cnnlab.errors import ArrayError, DeviceError
 from cnnlab.network import INPUT_DIM, OUT_LAYER_SIZE, Cnn, ImageBatch, OutputBatch, TextBatching, default_threads, require_finite
@@ -71,12 +71,14 @@ class CudaContext:
 
         `batch_size`: images per compute() call from the command line; `config`: how the work is spread;
         `parse_csv`: whether CSV text is parsed on the device (the command line's cuda mode); `threads`: the host
-        threads that read the input (default: every core); `device`: which GPU, counted from 0 as nvidia-smi does.
+        threads that read the input and copy host arrays into page-locked memory (default: every core); `device`: which
+        GPU, counted from 0 as nvidia-smi does.
         """
         self.config = config or LaunchConfig()
         self._parse_csv = parse_csv  # CSV input parsed here on the device; False: by the host's reader
         self.batch_size = batch_size or DEFAULT_BATCH_IMAGES
         self.threads = threads or default_threads()
+        self._copier = HostCopier(self.threads)  # host arrays into page-locked staging, on the host threads
         self._text_batch = batch_size or DEFAULT_TEXT_BATCH_IMAGES
         self.driver = driver = import_driver()
         self.memory = Allocator(driver)
@@ -149,7 +151,7 @@ class CudaContext:
         """Outputs for a host batch of images, or of CSV text (labcsv.CsvBatch) parsed here on the device (its values
         are finite: the parser refuses the rest). `check_finite`: an ArrayError where an image holds a NaN or an infinity."""
         if isinstance(batch, ImageBatch):
-            source = HostImages(batch.images, self.chunk_images, is_page_locked(batch.images))
+            source = HostImages(batch.images, self.chunk_images, is_page_locked(batch.images), self._copier)
             return self._lanes.run(len(batch), source, check_finite=check_finite)
         chunk = self.csv_text.chunk_images
         return self._lanes.run(len(batch), CsvText(batch, chunk, self._csv_module), chunk)
@@ -192,7 +194,7 @@ class CudaContext:
                         synchronize_stream(array.stream)
         if host is not None:
             page_locked = host.dtype == np.float64 and host.flags.c_contiguous and is_page_locked(host)
-            source: ChunkSource = HostImages(host, self.chunk_images, page_locked)
+            source: ChunkSource = HostImages(host, self.chunk_images, page_locked, self._copier)
         else:
             source = ResidentImages(source_array.address, self.chunk_images)
         try:
@@ -253,6 +255,7 @@ class CudaContext:
 
         In a lost context every free fails, so nothing is freed: the process's end takes it all.
         """
+        self._copier.close()
         if self._context is None:
             return
         try:

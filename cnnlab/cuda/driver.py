@@ -1,7 +1,7 @@
 """The CUDA driver: started early on a thread of its own, imported through PyCUDA, and its errors as one-line DeviceErrors.
 
 Nothing here imports numpy or PyCUDA at module level: `python -m cnnlab cuda` imports this before numpy,
-so that cuInit and the primary context (~0.35 s on the H100 machine, as much as importing numpy) run on
+so that cuInit and the primary context (~0.2 s on the H100 and H200 machines, about as much as importing numpy) run on
 a thread while numpy is imported. Called through ctypes they run with the GIL released; PyCUDA then
 finds the driver started and the primary context made, and CudaContext retains it in a moment.
 """

@@ -24,7 +24,7 @@ from cnnlab.cuda.csv_parser import STATUS_DTYPE, CsvParser, host_values, read_st
 from cnnlab.cuda.driver import device_errors
 from cnnlab.cuda.kernels import FindNonFinite, SumSegments
 from cnnlab.cuda.launchers import Launcher, activation_images
-from cnnlab.cuda.memory import Allocator
+from cnnlab.cuda.memory import Allocator, HostCopier
 from cnnlab.errors import DeviceError
 from cnnlab.network import IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM, OutputBatch, nonfinite_error
 
@@ -87,16 +87,16 @@ class ChunkSource(Protocol):
 
 
 class HostImages:
-    """Chunks of a host batch: copied straight from page-locked memory, or staged there first."""
+    """Chunks of a host batch: copied straight from page-locked memory, or staged there first by `copier`."""
 
-    def __init__(self, images: np.ndarray, chunk: int, page_locked: bool) -> None:
-        self._images, self._chunk, self._page_locked = images, chunk, page_locked
+    def __init__(self, images: np.ndarray, chunk: int, page_locked: bool, copier: HostCopier) -> None:
+        self._images, self._chunk, self._page_locked, self._copier = images, chunk, page_locked, copier
 
     def start(self, lane: Lane, index: int) -> None:
         images = self._images[index * self._chunk : (index + 1) * self._chunk]
         if not self._page_locked:
             staged = lane.staging(len(images))
-            np.copyto(staged, images)
+            self._copier.copy(staged, images)
             images = staged
         lane.copy_in(images)
 

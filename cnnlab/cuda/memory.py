@@ -1,5 +1,5 @@
 """Device and page-locked host memory for a CUDA context: the allocator, which can take back what it gives out and
-frees whatever is still out when the context closes.
+frees whatever is still out when the context closes, and the copier that fills page-locked buffers from a caller's.
 
 Page-locked buffers are the process's own pages registered with the driver (cuMemHostRegister), not the
 driver's own allocations: about 3x faster to make on the H100 machine.
@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import math
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -93,3 +94,34 @@ class Allocator:
     def free_all(self) -> None:
         for allocation in [*self._device, *self._host]:
             self.free(allocation)
+
+
+# A copy thread's share of a chunk: 4 MB parts spread a chunk of ~55 MB (2,048 images over three lanes) over a
+# dozen threads, and each part is still long enough that handing it to a thread costs under 1% of copying it.
+PART_BYTES = 4 << 20
+
+
+class HostCopier:
+    """Copies a caller's images (pageable memory, any real dtype and layout) into page-locked memory, a part a thread.
+
+    One thread's copy runs at a fraction of what the host-to-device link takes: on the H200 machine, CudaContext.forward
+    from numpy arrays was bound at ~6.6 GB/s by one np.copyto into staging, against ~50 GB/s for the link. numpy
+    releases the GIL while it copies, so the parts run at once.
+    """
+
+    def __init__(self, threads: int) -> None:
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="cnnlab-copy") if threads > 1 else None
+
+    def copy(self, target: np.ndarray, source: np.ndarray) -> None:
+        """target[...] = source, converted to target's dtype as np.copyto converts, split along the leading axis."""
+        rows = max(1, PART_BYTES // max(1, target[:1].nbytes))
+        if self._pool is None or len(target) <= rows:
+            np.copyto(target, source)
+            return
+        parts = [slice(start, start + rows) for start in range(0, len(target), rows)]
+        for done in [self._pool.submit(np.copyto, target[part], source[part]) for part in parts]:
+            done.result()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()

@@ -1,0 +1,60 @@
+"""The copier that fills the GPU's page-locked staging from a caller's host arrays, a part a thread: the same bits as
+np.copyto for every kind of array the API takes (no GPU needed: it copies between host arrays)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cnnlab.cuda.memory import PART_BYTES, HostCopier
+from cnnlab.generate import random_values
+
+IMAGE = (100, 100)
+PART_IMAGES = PART_BYTES // (np.prod(IMAGE) * 8)
+
+
+@pytest.fixture
+def copier():
+    copier = HostCopier(4)
+    yield copier
+    copier.close()
+
+
+def kinds(images: np.ndarray) -> dict[str, np.ndarray]:
+    """The same values in the layouts and dtypes a caller may pass (those that convert, clipped to what they hold)."""
+    held = images.clip(-10, 10)
+    return {
+        "float64": images,
+        "fortran order": np.asfortranarray(images),
+        "strided view": np.repeat(images, 2, axis=0)[::2],
+        "big-endian": images.astype(">f8"),
+        "float32": held.astype(np.float32),
+        "int16": (held * 1000).astype(np.int16),
+    }
+
+
+@pytest.mark.parametrize("count", [1, PART_IMAGES - 1, PART_IMAGES, PART_IMAGES + 1, 3 * PART_IMAGES + 7])
+def test_copy_is_np_copyto(copier: HostCopier, count: int) -> None:
+    images = random_values(np.random.default_rng(), count, *IMAGE)
+    images[0, 0, :3] = [-0.0, 5e-324, 1.7e308]  # a negative zero, a subnormal, a value near the largest
+    for kind, source in kinds(images).items():
+        want = np.empty((count, *IMAGE))
+        np.copyto(want, source)
+        got = np.full((count, *IMAGE), np.nan)
+        copier.copy(got, source)
+        assert got.view(np.uint64).tobytes() == want.view(np.uint64).tobytes(), kind
+
+
+def test_one_thread_copies_in_the_caller(copier: HostCopier) -> None:
+    images = random_values(np.random.default_rng(), 2 * PART_IMAGES + 1, *IMAGE)
+    alone = HostCopier(1)
+    got = np.empty_like(images)
+    alone.copy(got, images)
+    alone.close()
+    assert np.array_equal(got, images)
+
+
+def test_a_failed_part_raises_in_the_caller(copier: HostCopier) -> None:
+    images = random_values(np.random.default_rng(), 2 * PART_IMAGES, *IMAGE)
+    with pytest.raises(ValueError):
+        copier.copy(np.empty((2 * PART_IMAGES, 100, 99)), images)  # shapes np.copyto cannot broadcast
