@@ -17,9 +17,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import SUBPROCESS_ENV, TIMING_LINE, assert_one_line_error, cnnlab, random_cnn, why_no_gpu, write_files
+from helpers import SUBPROCESS_ENV, TIMING_LINE, assert_one_line_error, cnnlab, cpu_outputs, random_cnn, why_no_gpu, write_files
 
 from cnnlab.errors import InputFileError
+from cnnlab.files.labcsv import format_rows
 from cnnlab.files.npy import NpyImageReader
 from cnnlab.generate import random_values
 
@@ -272,8 +273,10 @@ def test_a_signal_during_start_up_is_one_line(tmp_path: Path, rng: np.random.Gen
     # The child starts with the signal blocked, so that one sent during the interpreter's own start-up (before
     # cnnlab's first line runs, where Python's handling applies) waits until cnnlab's handlers are in place.
     # From then on, through the imports of numpy and cnnlab to the run itself, it is one line at any moment.
-    cnn_path, input_path = write_files(tmp_path, random_cnn(rng), random_values(rng, 2, 100, 100))
+    cnn, images = random_cnn(rng), random_values(rng, 2, 100, 100)
+    cnn_path, input_path = write_files(tmp_path, cnn, images)
     command = [sys.executable, "-m", "cnnlab", "cpu", str(cnn_path), str(input_path), str(tmp_path / "out.csv")]
+    whole = format_rows(cpu_outputs(cnn, images))
     stopped = 0
     for delay in (0.0, 0.02, 0.05, 0.08, 0.12, 0.16, 0.2, 0.25, 0.3):
         process = subprocess.Popen(command, env=SUBPROCESS_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -285,6 +288,9 @@ def test_a_signal_during_start_up_is_one_line(tmp_path: Path, rng: np.random.Gen
             (tmp_path / "out.csv").unlink()  # the run finished first: its output stands, and the next try starts clean
             continue
         assert (process.returncode, stderr, stdout) == (status, f"cnnlab: {word}\n", ""), f"after {delay} s"
+        if (tmp_path / "out.csv").exists():  # the signal came after the output was in place: it must be whole
+            assert (tmp_path / "out.csv").read_text() == whole, f"after {delay} s"
+            (tmp_path / "out.csv").unlink()
         assert files_in(tmp_path) == ["cnn.csv", "in.csv"]
         stopped += 1
     assert stopped >= 3

@@ -108,10 +108,7 @@ def read_cnn(path: str | os.PathLike) -> Cnn:
     weights = np.empty((OUT_LAYER_SIZE, OUT_NEURON_DIM))
     with open_for_reading(path) as file:
         source = TextSource(path, file)
-        for target, rows, what in (
-            (filters, CONV_LAYER_SIZE, "convolution filters"),
-            (weights, OUT_LAYER_SIZE, "output-layer weights"),
-        ):
+        for target, rows, what in ((filters, CONV_LAYER_SIZE, "convolution filters"), (weights, OUT_LAYER_SIZE, "output-layer weights")):
             span = source.take(rows)
             if span.rows < rows:
                 check_lines(path, span.lines(), target[0].size)
@@ -197,11 +194,8 @@ class CsvImageReader:
         text = line.decode("ascii").strip()
         digits = _count_digits(text).lstrip("0")
         if not digits.isdigit() or len(digits) > 18:  # 18 digits: past any file, and int() stays quick
-            raise InputFileError(
-                self.path,
-                f"the first line must hold the number of matrices, a positive integer, not {_shorten(text)!r}",
-                number,
-            )
+            message = f"the first line must hold the number of matrices, a positive integer, not {_shorten(text)!r}"
+            raise InputFileError(self.path, message, number)
         return int(digits)
 
     def read_into(self, out: np.ndarray) -> int:
@@ -262,11 +256,8 @@ class CsvImageReader:
         complete = self.images_read + rows_read // INPUT_DIM
         partial = rows_read % INPUT_DIM
         detail = f"; matrix {complete + 1} has only {partial} of its {INPUT_DIM} lines" if partial else ""
-        raise InputFileError(
-            self.path,
-            f"file ends after {complete} of the {self.count} matrices the first line announces{detail}",
-            self._source.lines_taken,
-        )
+        message = f"file ends after {complete} of the {self.count} matrices the first line announces{detail}"
+        raise InputFileError(self.path, message, self._source.lines_taken)
 
     def trailing_data_line(self) -> int | None:
         """After all N images: the number of the first non-blank line that follows them, if any."""
