@@ -29,7 +29,7 @@ from cnnlab.network import network_sizes  # noqa: E402
 # What is lost where an extension cannot be built.
 FALLBACKS = {
     "cnnlab.files._lab_csv": "CSV files will be parsed in Python, about 50x slower",
-    "cnnlab.cpu._forward": "cpu mode will run the numpy forward, about 10x slower",
+    "cnnlab.cpu._forward": "cpu mode will run the numpy forward, about 20x slower",
 }
 
 

@@ -1,4 +1,5 @@
-"""cnnlab: the ECE 459 Lab 3 CNN as a Python package, with a numpy CPU backend and a CUDA one.
+"""cnnlab: the ECE 459 Lab 3 CNN as a Python package, with a native CPU backend (numpy where no
+compiler built it) and a CUDA one.
 
 From Python (the README's "From Python"), in a checkout, whose data/ holds the default data:
 

@@ -92,8 +92,8 @@ def forward(images: Any, cnn: Cnn, device: Any = "cpu", out: Any = None) -> Any:
 
     `images` is one (100, 100) image or a batch (N, 100, 100) of anything numpy reads: a list, a view,
     Fortran order; float32 and every other float or integer dtype are converted once to float64 (so
-    float32 inputs give the outputs of their float64 values). `device="cpu"` runs numpy, bit for bit
-    the lab's cpu.rs; `device="cuda"` (GPU 0) or `"cuda:N"` (GPU N) runs the CUDA kernels, within the lab's
+    float32 inputs give the outputs of their float64 values). `device="cpu"` runs the CPU backend, bit for
+    bit the lab's cpu.rs; `device="cuda"` (GPU 0) or `"cuda:N"` (GPU N) runs the CUDA kernels, within the lab's
     comparison rule of it.
     On the GPU, `images` may also be a device array (CuPy, a PyTorch CUDA tensor, Numba: anything with
     `__cuda_array_interface__`), C-ordered float64, read where it lies, and `out` a float64 device

@@ -14,7 +14,7 @@
 //                                   does, into a caller's device array
 //   outputs  [batch][10]            sum_segments' result
 //
-// Rung 6 of the optimization ladder (warp_shuffle, README "The optimization ladder"; the rungs in
+// Rung 6 of the optimization ladder (warp_shuffle, docs/ladder.md; the rungs in
 // kernel/ladder/): what changes from rung 5 (block_sweep) and why: flattened_to_dense reads its
 // activations and weights 16 bytes at a time, and reduces each warp's sums with shuffles (register
 // to register, no shared memory, no barrier) instead of a shared-memory tree; only the warps' totals
