@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from cnnlab.arrays import device_array, host_images
+from cnnlab.arrays import device_array, gpu_index, host_images
 from cnnlab.cpu.backend import CpuBackend
 from cnnlab.errors import ArrayError, UsageError
 from cnnlab.files.formats import ImageReader, open_images, trailing_data_note
@@ -70,21 +70,6 @@ def _warn_trailing(path: str | os.PathLike, reader: ImageReader) -> None:
     note = trailing_data_note(path, reader.count, reader.trailing_data_line())
     if note is not None:
         warnings.warn(note, stacklevel=3)
-
-
-def gpu_index(device: Any) -> int | None:
-    """The GPU a device name names, as users write it: "cuda" is GPU 0, "cuda:N" GPU N (a torch.device reads the same),
-    "cpu" none; anything else a UsageError.
-
-    >>> gpu_index("cpu"), gpu_index("cuda"), gpu_index("cuda:1")
-    (None, 0, 1)
-    """
-    name = str(device)
-    if name == "cpu":
-        return None
-    if name == "cuda" or (name.startswith("cuda:") and name[5:].isdigit()):
-        return int(name[5:] or 0)
-    raise UsageError(f"device must be 'cpu', 'cuda' or 'cuda:N' (GPU N, counted from 0), not {device!r}")
 
 
 def forward(images: Any, cnn: Cnn, device: Any = "cpu", out: Any = None) -> Any:

@@ -1,6 +1,6 @@
 """What the Python API takes images in and gives outputs in, checked once, with errors that say what was
-expected: host arrays (anything numpy reads) and device arrays (any object with
-`__cuda_array_interface__`: CuPy arrays, PyTorch CUDA tensors, Numba device arrays).
+expected: host arrays (anything numpy reads), device arrays (any object with
+`__cuda_array_interface__`: CuPy arrays, PyTorch CUDA tensors, Numba device arrays) and device names.
 
 A host array of any real dtype and layout is taken as it is and converted to float64 where it is
 copied anyway (into page-locked memory for the GPU, or once, for the CPU). A device array is read
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from cnnlab.errors import ArrayError
+from cnnlab.errors import ArrayError, UsageError
 from cnnlab.network import INPUT_DIM, OUT_LAYER_SIZE, host_array
 
 FLOAT64 = "<f8"
@@ -114,3 +114,18 @@ def check_device_outputs(array: DeviceArray, count: int, single: bool) -> None:
             f"not {'a read-only ' if array.readonly else ''}{array.typestr!r} of shape {array.shape}"
             f"{'' if array.c_contiguous else f' with strides {array.strides}'}"
         )
+
+
+def gpu_index(device: Any) -> int | None:
+    """The GPU a device name names, as users write it: "cuda" is GPU 0, "cuda:N" GPU N (a torch.device reads the same),
+    "cpu" none; anything else a UsageError.
+
+    >>> gpu_index("cpu"), gpu_index("cuda"), gpu_index("cuda:1")
+    (None, 0, 1)
+    """
+    name = str(device)
+    if name == "cpu":
+        return None
+    if name == "cuda" or (name.startswith("cuda:") and name[5:].isdigit()):
+        return int(name[5:] or 0)
+    raise UsageError(f"device must be 'cpu', 'cuda' or 'cuda:N' (GPU N, counted from 0), not {device!r}")

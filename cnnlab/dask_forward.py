@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from cnnlab.api import gpu_index
-from cnnlab.arrays import image_count
+from cnnlab.arrays import gpu_index, image_count
 from cnnlab.errors import ArrayError, OutputFileError, UsageError
 from cnnlab.files.formats import trailing_data_note
 from cnnlab.files.labcsv import read_cnn
