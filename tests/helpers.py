@@ -82,7 +82,7 @@ def assert_within_rule(got: np.ndarray, want: np.ndarray, cnn: Cnn, images: np.n
 
     An output summed in another order than cpu.rs's differs from the CPU's by at most the float64
     error bound of the two sums, 2 x gamma(4025) x sum |activation x weight| (4,000 terms, and 25 in
-    each activation); where the terms nearly cancel (about one value in two million, BENCHMARKS.md)
+    each activation); where the terms nearly cancel (about one value in two million, docs/exactness.md)
     that can exceed 1e-9 of the result. Such values must still be within the bound; a wrong index or
     a lost term misses it by orders of magnitude. NaN (an output nobody wrote) fails both."""
     assert got.shape == want.shape and np.isfinite(got).all()

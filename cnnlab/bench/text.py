@@ -50,7 +50,7 @@ def bench_reader(options: BenchOptions, seed: int | None) -> list[Figure]:
 
 
 def _polars_rate(path: os.PathLike, images: int, repeats: int) -> tuple[str, float] | None:
-    """(version, images/s) of Polars' CSV reader on the file, the fastest exact library measured (BENCHMARKS.md),
+    """(version, images/s) of Polars' CSV reader on the file, the fastest exact CSV library we measured,
     as its users would call it: the whole file at once, a Float64 schema, blank lines dropped; None without Polars."""
     try:
         import polars

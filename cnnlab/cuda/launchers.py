@@ -33,7 +33,7 @@ COARSE_IMAGES, COARSE_THREADS, COARSE_SEGMENTS = 4, 256, 4  # rung 7 (and rung 1
 FUSED_THREADS = 256  # rung 8
 # Rung 9: images per tile and shared-memory buffers taking turns. 8 x 2 leaves room for two blocks a
 # multiprocessor (108,800 bytes each), whose barriers then fall at different times; on the H100 it beat
-# 16 x 2 (one block of 186,112 bytes) and deeper pipelines of one block (tools/ladder_sweep.py, BENCHMARKS.md).
+# 16 x 2 (one block of 186,112 bytes) and deeper pipelines of one block (tools/ladder_sweep.py; docs/ladder.md, rung 9).
 FT_TILE_IMAGES, FT_STAGES = 8, 2
 MMA_IMAGES, MMA_THREADS = 32, 256  # rung 10's dense_mma: images per block, 8 warps
 BAND_DOUBLES = FILTER_DIM * INPUT_DIM
