@@ -158,7 +158,7 @@ def format_table(report: BenchReport) -> str:
         floor = report.startup[0].seconds if report.startup[0].name.startswith("floor") else None
         lines += ["", f"{'start-up':<66} {'seconds':>10} {'(fastest..slowest)':>20} {'over the floor':>15}"]
         for row in report.startup:
-            over = "-" if floor is None or row.name.startswith("floor") else f"+{row.seconds - floor:.3f} s"
+            over = "-" if floor is None or row.name.startswith("floor") else f"{row.seconds - floor:+.3f} s"
             lines.append(f"{row.name[:66]:<66} {row.seconds:>10.3f} {f'({row.spread[0]:.3f}..{row.spread[1]:.3f})':>20} {over:>15}")
     if any(row["row"] in LADDER_ROWS for row in rows):
         lines += ["", format_ladder(report)]
