@@ -5,11 +5,11 @@
 
 Rows, each images/s (median, slowest..fastest of --repeats after a warm-up):
 - forward: CudaContext.forward (cnnlab.forward with --device cpu) on the images already in memory: the figure to match;
-- load + forward: the same with the .npy file read into memory first (np.load), as a script would;
-- forward, 1 thread (the GPU only): forward with its images copied into page-locked memory on one thread, not on every
-  core;
 - dask, in memory: cnnlab.forward on a Dask array of the same images in memory (da.from_array, --block images a block),
   computed by Dask's threaded scheduler in this process: what Dask itself costs;
+- load + forward: forward with the .npy file read into memory first (np.load), as a script would;
+- forward, 1 thread (the GPU only): forward with its images copied into page-locked memory on one thread, not on every
+  core;
 - dask, from file: cnnlab.forward on a Dask array read from the file a block at a time, on a local cluster of one worker
   process (the GPU's worker, as dask-cuda would make it), outputs gathered to the client: the many-hosts recipe, bound
   by reading the file, as the load + forward row is.

@@ -154,9 +154,10 @@ def bench_cuda(cnn: Cnn, options: BenchOptions, rng: np.random.Generator, report
         host[:] = random_values(rng, options.images, INPUT_DIM, INPUT_DIM)
         batch = ImageBatch(host)
         resident = context.upload(batch)
-        # The device-to-device bound first: once this context had copied the page-locked batch in, each later copy within
-        # the device ran 13% slower on the H100 (37.8M against 32.7M images/s, three rounds), a state of the context
-        # whose cause was not found; the ladder, in a context of its own, reads the first figure.
+        # The device-to-device bound first: once the host-to-device bound had copied the page-locked batch in on a stream
+        # (the upload's synchronous copy did not), each later copy within the device ran 13% slower on the H100 (37.8M
+        # against 32.7M images/s, three rounds), a state of the context whose cause was not found; the ladder, in a
+        # context of its own, reads the first figure.
         if {"bounds", "resident"} & set(options.rows):
             device_bound(report, context, resident, options.repeats)
         if "pinned" in options.rows:

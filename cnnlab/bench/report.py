@@ -51,8 +51,9 @@ class Figure:
 
 @dataclass(frozen=True)
 class Startup:
-    """A start-up row: seconds from a process's exec to its exit (median of the repeats, and their spread), or the
-    floor, the driver's own start, that cuda mode's cannot go under."""
+    """A start-up row: seconds from a process's exec to its exit (median of the repeats, and their spread), or a
+    floor that cuda mode's cannot go under: a bare process that starts the driver, exec to exit (the rows' gaps are
+    measured from it), or the driver's start alone inside it."""
 
     name: str
     seconds: float
