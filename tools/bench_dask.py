@@ -23,7 +23,6 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import cnnlab  # noqa: E402
+from cnnlab.bench.report import repeat_seconds  # noqa: E402
 from cnnlab.generate import random_values  # noqa: E402
 from cnnlab.network import IMAGE_BYTES, INPUT_DIM  # noqa: E402
 
@@ -54,12 +54,7 @@ class Rate:
 
 
 def timed(row: str, images: int, run: Callable[[], object], repeats: int) -> Rate:
-    run()
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        seconds.append(time.perf_counter() - start)
+    seconds = repeat_seconds(run, repeats)
     return Rate(row, images / statistics.median(seconds), images / max(seconds), images / min(seconds))
 
 

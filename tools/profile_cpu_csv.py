@@ -18,7 +18,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,6 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from cnnlab.bench.report import repeat_seconds  # noqa: E402
 from cnnlab.cpu._forward import Forward  # noqa: E402
 from cnnlab.files import labcsv  # noqa: E402
 from cnnlab.files.labcsv import PARSE_IMAGES, CsvImageReader  # noqa: E402
@@ -35,13 +35,7 @@ from cnnlab.network import INPUT_DIM  # noqa: E402
 
 
 def median_seconds(run: Callable[[], object], repeats: int) -> float:
-    run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(repeat_seconds(run, repeats))
 
 
 def cuts(data: np.ndarray, start: int, rows_each: int) -> list[tuple[int, int, int]]:

@@ -100,15 +100,20 @@ class BenchReport:
     numpy: str = np.__version__
 
 
-def median_rate(images: int, run: Callable[[], object], repeats: int) -> float:
-    """Images per second of `run` (which handles `images` images), median of `repeats` after one warm-up."""
+def repeat_seconds(run: Callable[[], object], repeats: int) -> list[float]:
+    """The seconds of each of `repeats` calls of `run`, after one more that warms the caches and is not counted."""
     run()
-    times = []
+    seconds = []
     for _ in range(repeats):
         start = time.perf_counter()
         run()
-        times.append(time.perf_counter() - start)
-    return images / statistics.median(times)
+        seconds.append(time.perf_counter() - start)
+    return seconds
+
+
+def median_rate(images: int, run: Callable[[], object], repeats: int) -> float:
+    """Images per second of `run` (which handles `images` images), median of `repeats` after one warm-up."""
+    return images / statistics.median(repeat_seconds(run, repeats))
 
 
 def ratios(report: BenchReport) -> list[dict[str, Any]]:
