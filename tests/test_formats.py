@@ -15,6 +15,7 @@ from cnnlab.errors import InputFileError
 from cnnlab.files import labcsv as csv_files
 from cnnlab.files.convert import convert
 from cnnlab.files.formats import open_images, read_outputs
+from cnnlab.files.text import HostMemory, window_size
 from cnnlab.generate import random_values
 from cnnlab.network import ImageBatch, OutputBatch
 from cnnlab.run import run_network
@@ -165,25 +166,43 @@ def test_a_failure_stops_the_run_cleanly(tmp_path: Path, rng: np.random.Generato
     assert list((tmp_path / "out").iterdir()) == []
 
 
+class RecordingMemory(HostMemory):
+    """Text windows in ordinary memory, each size asked for recorded."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+
+    def allocate_text(self, nbytes: int) -> np.ndarray:
+        self.sizes.append(nbytes)
+        return super().allocate_text(nbytes)
+
+
 def test_text_windows_are_reserved_by_the_images_not_by_data_past_them(tmp_path: Path, rng: np.random.Generator) -> None:
     """A file of one image and 20 MB of trailing lines: its bytes per image are no guide to the windows a batch needs."""
-    from cnnlab.files.text import HostMemory
-
-    class Recorder(HostMemory):
-        def __init__(self) -> None:
-            self.sizes: list[int] = []
-
-        def allocate_text(self, nbytes: int) -> np.ndarray:
-            self.sizes.append(nbytes)
-            return super().allocate_text(nbytes)
-
     _, input_path = write_files(tmp_path, random_cnn(rng), rng.uniform(-10, 10, (1, 100, 100)))
     with open(input_path, "a") as file:
         file.write("1,2\n" * 5_000_000)
-    memory = Recorder()
+    memory = RecordingMemory()
     with csv_files.CsvImageReader(input_path, threads=2, memory=memory) as reader:
         reader.reserve_text(256)
         assert max(memory.sizes) < 4 << 20  # one image's text at most, with the gap and slack; by the file's bytes per image, ~22 MB
         batch = reader.read_text(256, 256)
         assert batch is not None and len(batch) == 1 and batch.span.rows == 100
         assert reader.trailing_data_line() is not None
+
+
+def test_equal_steps_stop_making_windows(tmp_path: Path, rng: np.random.Generator) -> None:
+    """Steps of as many images ask for windows a few bytes apart: the windows are made a few times, not at every step
+    (each made anew costs the faults of its pages and unmapping the old one's)."""
+    _, input_path = write_files(tmp_path, random_cnn(rng), rng.uniform(-10, 10, (120, 100, 100)))
+    memory = RecordingMemory()
+    with csv_files.CsvImageReader(input_path, threads=2, memory=memory) as reader:
+        buffer = np.empty((4, 100, 100))
+        made = [len(memory.sizes) for _ in range(30) if reader.read_into(buffer)]
+    assert len(made) == 30 and made[10] == made[-2], made  # none made after the first ten steps, but at the file's end
+
+
+def test_window_sizes_are_few_and_hold_what_is_asked() -> None:
+    sizes = {window_size(nbytes) for nbytes in range(1 << 20, 1 << 21)}
+    assert len(sizes) == 9 and max(sizes) == 1 << 21  # 1 MB, then 1 MB + k/8 MB for k = 1..8
+    assert all(nbytes <= window_size(nbytes) <= nbytes + nbytes // 8 + 1 for nbytes in [0, 1, 15, 16, 17, 1000, 10**9 + 7])

@@ -112,7 +112,7 @@ class TextSource:
         window = self._windows[index]
         if len(window) >= nbytes:
             return
-        grown = self._memory.allocate_text(nbytes)
+        grown = self._memory.allocate_text(window_size(nbytes))
         if index == self._current:
             grown[: self._filled] = window[: self._filled]
         self._windows[index] = grown
@@ -266,6 +266,14 @@ class TextSource:
         for window in self._windows:
             self._memory.free_text(window)
         self._windows = []
+
+
+def window_size(nbytes: int) -> int:
+    """`nbytes` rounded up to a size of 8 to 16 steps a doubling (8 MB, 9 MB, ..., 15 MB, 16 MB, 18 MB, ...). Takes of as
+    many rows ask a few bytes more or less each time, and a window grows to the one before it: sizes asked as they come
+    would make a window anew at nearly every take, each costing the faults of its pages and unmapping the old one's."""
+    step = 1 << max(0, nbytes.bit_length() - 4)
+    return -(-nbytes // step) * step
 
 
 class ReadStopped(Exception):
