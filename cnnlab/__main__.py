@@ -59,12 +59,13 @@ def _start() -> int:
             return 2
         threads = 1 + (limit - MINIMUM_ADDRESS_SPACE) // BLAS_THREAD_ADDRESS_SPACE
         os.environ.setdefault("OPENBLAS_NUM_THREADS", str(min(threads, os.cpu_count() or 1)))
-    from cnnlab.cuda.driver import start_driver
-
     # cuda mode: the driver starts while numpy is imported and the CNN read, before cli is even imported; but not
     # under an address-space limit, where its reservations would leave OpenBLAS none (and it would abort).
-    cuda = sys.argv[1:2] == ["cuda"] and limit == resource.RLIM_INFINITY
-    starting = start_driver(_gpus_named(sys.argv[2:])) if cuda else None
+    starting = None
+    if sys.argv[1:2] == ["cuda"] and limit == resource.RLIM_INFINITY:
+        from cnnlab.cuda.driver import start_driver
+
+        starting = start_driver(_gpus_named(sys.argv[2:]))
     try:
         from cnnlab.cli.main import main as cli_main
 

@@ -6,7 +6,8 @@
 Rows, each images/s (median, slowest..fastest of --repeats after a warm-up):
 - forward: CudaContext.forward (cnnlab.forward with --device cpu) on the images already in memory: the figure to match;
 - dask, in memory: cnnlab.forward on a Dask array of the same images in memory (da.from_array, --block images a block),
-  computed by Dask's threaded scheduler in this process: what Dask itself costs;
+  computed by Dask's threaded scheduler in this process: what Dask itself costs (timed in turns with forward, and its
+  ratio to forward taken turn by turn, printed last);
 - load + forward: forward with the .npy file read into memory first (np.load), as a script would;
 - forward, 1 thread (the GPU only): forward with its images copied into page-locked memory on one thread, not on every
   core;
@@ -23,6 +24,7 @@ import argparse
 import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -53,9 +55,25 @@ class Rate:
         return f"{self.row:<16} {self.median:>12,.0f} images/s  ({self.slowest:,.0f}..{self.fastest:,.0f}){ratio}"
 
 
-def timed(row: str, images: int, run: Callable[[], object], repeats: int) -> Rate:
-    seconds = repeat_seconds(run, repeats)
+def rate_of(row: str, images: int, seconds: list[float]) -> Rate:
     return Rate(row, images / statistics.median(seconds), images / max(seconds), images / min(seconds))
+
+
+def timed(row: str, images: int, run: Callable[[], object], repeats: int) -> Rate:
+    return rate_of(row, images, repeat_seconds(run, repeats))
+
+
+def alternated(runs: list[Callable[[], object]], repeats: int) -> list[list[float]]:
+    """The seconds of each run's `repeats` calls, the runs taking turns (after a warm-up each), so that a slower spell of
+    the machine slows each alike and their ratios, taken turn by turn, hold."""
+    seconds: list[list[float]] = [[] for _ in runs]
+    for turn in range(repeats + 1):
+        for run, times in zip(runs, seconds):
+            start = time.perf_counter()
+            run()
+            if turn:
+                times.append(time.perf_counter() - start)
+    return seconds
 
 
 def npy_blocks(path: Path, count: int, block: int):  # noqa: ANN201  (a dask.array.Array: Dask is imported here only)
@@ -93,11 +111,20 @@ def main() -> int:
         path = Path(folder) / "images.npy"
         np.save(path, random_values(rng, args.images, INPUT_DIM, INPUT_DIM))
         images = np.load(path)
+        import dask.array as da
+
+        # Dask on the same images in memory, computed by its threaded scheduler in this process: what Dask itself costs,
+        # timed in turns with forward, and its ratio to forward taken turn by turn.
+        in_memory = cnnlab.forward(da.from_array(images, chunks=(args.block, INPUT_DIM, INPUT_DIM)), cnn, device=args.device)
         with nullcontext() if args.device == "cpu" else cnnlab.CudaContext(cnn) as gpu:
             forward = partial(cnnlab.forward, cnn=cnn) if gpu is None else gpu.forward
             expected = forward(images)
+            computed_in_memory = in_memory.compute(scheduler="threads")
+            turns = alternated([lambda: forward(images), lambda: in_memory.compute(scheduler="threads")], args.repeats)
+            ratios = sorted(alone / dask for alone, dask in zip(*turns))
             rows = [
-                timed("forward", args.images, lambda: forward(images), args.repeats),
+                rate_of("forward", args.images, turns[0]),
+                rate_of("dask, in memory", args.images, turns[1]),
                 timed("load + forward", args.images, lambda: forward(np.load(path)), args.repeats),
             ]
         if gpu is not None:  # what the copier's threads buy: the same forward staging its images on one thread
@@ -108,15 +135,11 @@ def main() -> int:
             outputs = cnnlab.forward(npy_blocks(path, args.images, args.block), cnn, device=args.device)
             computed = client.compute(outputs).result()
             rows.append(timed("dask, from file", args.images, lambda: client.compute(outputs).result(), args.repeats))
-        import dask.array as da
-
-        in_memory = cnnlab.forward(da.from_array(images, chunks=(args.block, INPUT_DIM, INPUT_DIM)), cnn, device=args.device)
-        computed_in_memory = in_memory.compute(scheduler="threads")
-        rows.insert(1, timed("dask, in memory", args.images, lambda: in_memory.compute(scheduler="threads"), args.repeats))
     device = "the CPU" if args.device == "cpu" else args.device
     print(f"{args.images:,} images (fresh random, float64) from a .npy file in the page cache, on {device}; Dask blocks of {args.block:,}")
     for rate in rows:
         print(rate.line(None if rate is rows[0] else rows[0]))
+    print(f"dask, in memory, against forward turn by turn: {statistics.median(ratios):.2f}x ({ratios[0]:.2f}..{ratios[-1]:.2f})")
     same = np.array_equal(computed, expected) and np.array_equal(computed_in_memory, expected)
     print(f"dask's outputs {'identical to' if same else 'DIFFER from'} forward's")
     return 0 if same else 1
