@@ -28,7 +28,7 @@ from typing import IO, Any, BinaryIO
 from cnnlab.errors import STANDARD_STREAM, InputFileError, OutputFileError, shown
 from cnnlab.interrupts import held
 
-# mkstemp makes files only the owner can read; outputs get the usual mode (0666 less the umask).
+# The temporary file is made readable by its owner only; outputs get the usual mode (0666 less the umask).
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 _TEMPORARY_SUFFIX = ".tmp"
