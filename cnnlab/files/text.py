@@ -269,7 +269,7 @@ class TextSource:
 
 
 def window_size(nbytes: int) -> int:
-    """`nbytes` rounded up to a size of 8 to 16 steps a doubling (8 MB, 9 MB, ..., 15 MB, 16 MB, 18 MB, ...). Takes of as
+    """`nbytes` rounded up to one of 8 sizes a doubling (8 MB, 9 MB, ..., 15 MB, 16 MB, 18 MB, ...). Takes of as
     many rows ask a few bytes more or less each time, and a window grows to the one before it: sizes asked as they come
     would make a window anew at nearly every take, each costing the faults of its pages and unmapping the old one's."""
     step = 1 << max(0, nbytes.bit_length() - 4)
