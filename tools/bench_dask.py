@@ -24,7 +24,6 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -36,7 +35,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import cnnlab  # noqa: E402
-from cnnlab.bench.report import repeat_seconds  # noqa: E402
+from cnnlab.bench.report import alternated_seconds, repeat_seconds  # noqa: E402
 from cnnlab.generate import random_values  # noqa: E402
 from cnnlab.network import IMAGE_BYTES, INPUT_DIM  # noqa: E402
 
@@ -61,19 +60,6 @@ def rate_of(row: str, images: int, seconds: list[float]) -> Rate:
 
 def timed(row: str, images: int, run: Callable[[], object], repeats: int) -> Rate:
     return rate_of(row, images, repeat_seconds(run, repeats))
-
-
-def alternated(runs: list[Callable[[], object]], repeats: int) -> list[list[float]]:
-    """The seconds of each run's `repeats` calls, the runs taking turns (after a warm-up each), so that a slower spell of
-    the machine slows each alike and their ratios, taken turn by turn, hold."""
-    seconds: list[list[float]] = [[] for _ in runs]
-    for turn in range(repeats + 1):
-        for run, times in zip(runs, seconds):
-            start = time.perf_counter()
-            run()
-            if turn:
-                times.append(time.perf_counter() - start)
-    return seconds
 
 
 def npy_blocks(path: Path, count: int, block: int):  # noqa: ANN201  (a dask.array.Array: Dask is imported here only)
@@ -120,7 +106,7 @@ def main() -> int:
             forward = partial(cnnlab.forward, cnn=cnn) if gpu is None else gpu.forward
             expected = forward(images)
             computed_in_memory = in_memory.compute(scheduler="threads")
-            turns = alternated([lambda: forward(images), lambda: in_memory.compute(scheduler="threads")], args.repeats)
+            turns = alternated_seconds([lambda: forward(images), lambda: in_memory.compute(scheduler="threads")], args.repeats)
             ratios = sorted(alone / dask for alone, dask in zip(*turns))
             rows = [
                 rate_of("forward", args.images, turns[0]),

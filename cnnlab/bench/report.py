@@ -100,15 +100,22 @@ class BenchReport:
     numpy: str = np.__version__
 
 
+def alternated_seconds(runs: list[Callable[[], object]], repeats: int) -> list[list[float]]:
+    """The seconds of each run's `repeats` calls, the runs taking turns after one more call each that warms the caches and
+    is not counted: a slower spell of the machine then slows each run alike, and their ratios, turn by turn, hold."""
+    seconds: list[list[float]] = [[] for _ in runs]
+    for turn in range(repeats + 1):
+        for run, times in zip(runs, seconds):
+            start = time.perf_counter()
+            run()
+            if turn:
+                times.append(time.perf_counter() - start)
+    return seconds
+
+
 def repeat_seconds(run: Callable[[], object], repeats: int) -> list[float]:
     """The seconds of each of `repeats` calls of `run`, after one more that warms the caches and is not counted."""
-    run()
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        seconds.append(time.perf_counter() - start)
-    return seconds
+    return alternated_seconds([run], repeats)[0]
 
 
 def median_rate(images: int, run: Callable[[], object], repeats: int) -> float:
