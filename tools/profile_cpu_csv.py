@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -26,16 +24,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cnnlab.bench.report import repeat_seconds  # noqa: E402
+from cnnlab.bench.report import median_rate  # noqa: E402
 from cnnlab.cpu._forward import Forward  # noqa: E402
 from cnnlab.files import labcsv  # noqa: E402
 from cnnlab.files.labcsv import PARSE_IMAGES, CsvImageReader  # noqa: E402
 from cnnlab.files.lines import native  # noqa: E402
 from cnnlab.network import INPUT_DIM  # noqa: E402
-
-
-def median_seconds(run: Callable[[], object], repeats: int) -> float:
-    return statistics.median(repeat_seconds(run, repeats))
 
 
 def cuts(data: np.ndarray, start: int, rows_each: int) -> list[tuple[int, int, int]]:
@@ -71,7 +65,7 @@ def main() -> int:
     one = None
     for threads in args.threads:
         forward = Forward(np.zeros((10, 5, 5)), np.zeros((10, 4000)), threads)
-        memory_rate = memory.nbytes / median_seconds(lambda: forward.read(memory), args.repeats)  # noqa: B023
+        memory_rate = median_rate(memory.nbytes, lambda: forward.read(memory), args.repeats)  # noqa: B023
         forward.close()
         with open(args.path, "rb") as file:
             fd = file.fileno()
@@ -80,7 +74,7 @@ def main() -> int:
                 for offset in range(0, len(data), len(window)):
                     native.read_summarized(fd, window, 0, min(len(window), len(data) - offset), offset, threads)
 
-            read_rate = len(data) / median_seconds(read_file, args.repeats)
+            read_rate = median_rate(len(data), read_file, args.repeats)
         equal = cuts(data, body, -(-images * INPUT_DIM // threads))
         small = cuts(data, body, PARSE_IMAGES * INPUT_DIM)
         offsets = np.cumsum([0] + [rows for _, _, rows in small]) * INPUT_DIM
@@ -91,8 +85,8 @@ def main() -> int:
                 jobs = [pool.submit(native.parse_rows, data, a, b, INPUT_DIM, out[at[i] : at[i + 1]]) for i, (a, b, _) in enumerate(pieces)]
                 assert all(job.result() == -1 for job in jobs)
 
-            parse_rate = text / median_seconds(lambda: parse(equal, equal_offsets), args.repeats)  # noqa: B023
-            pieces_rate = text / median_seconds(lambda: parse(small, offsets), args.repeats)  # noqa: B023
+            parse_rate = median_rate(text, lambda: parse(equal, equal_offsets), args.repeats)  # noqa: B023
+            pieces_rate = median_rate(text, lambda: parse(small, offsets), args.repeats)  # noqa: B023
 
         def read_all(threads: int = threads, per_thread: int = PARSE_IMAGES) -> None:
             with CsvImageReader(args.path, threads) as reader:
@@ -100,7 +94,7 @@ def main() -> int:
                 while reader.read_into(buffer):
                     pass
 
-        reader_rate = text / median_seconds(read_all, args.repeats)
+        reader_rate = median_rate(text, read_all, args.repeats)
         one = one or reader_rate / threads
         print(
             f"{threads:>7} {memory_rate / 1e9:>12.1f} {read_rate / 1e9:>10.1f} {parse_rate / 1e9:>11.2f} {pieces_rate / 1e9:>12.2f} "
@@ -109,10 +103,10 @@ def main() -> int:
     threads = max(args.threads)
     for share in args.ahead_share:
         labcsv.READ_AHEAD_SHARE = share
-        rate = text / median_seconds(lambda: read_all(threads), args.repeats)  # noqa: B023
+        rate = median_rate(text, lambda: read_all(threads), args.repeats)  # noqa: B023
         print(f"reader on {threads} threads, a 1/{share} of them reading ahead: {rate / 1e9:.2f} GB/s")
     for per_thread in args.step:
-        rate = text / median_seconds(lambda: read_all(threads, per_thread), args.repeats)  # noqa: B023
+        rate = median_rate(text, lambda: read_all(threads, per_thread), args.repeats)  # noqa: B023
         print(f"reader on {threads} threads, {per_thread} images a step per thread: {rate / 1e9:.2f} GB/s")
     return 0
 
