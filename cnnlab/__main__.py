@@ -77,12 +77,13 @@ def _start() -> int:
 
 def _gpus_named(arguments: list[str]) -> list[int] | None:
     """The GPUs cuda mode's arguments name, read ahead of the parser (which names a mistake later): --device N, GPU 0 by
-    default, or every GPU for --devices."""
+    default, those --devices lists (every GPU for all: a mistake is named later, and starts every GPU meanwhile)."""
     for at, argument in enumerate(arguments):
         name, _, value = argument.partition("=")
         value = value or (arguments[at + 1] if at + 1 < len(arguments) else "")
         if name == "--devices":
-            return None
+            indices = value.split(",")
+            return [int(index) for index in indices] if all(index.isdigit() for index in indices) else None
         if name == "--device" and value.isdigit():
             return [int(value)]
     return [0]
