@@ -497,6 +497,30 @@ def test_hypothesis_lines_match_the_model(lines: list[bytes], rows: int, max_lin
     assert native.scan_rows(tail, 0, rows, 1 << 20) == model_scan(tail, 0, rows, 1 << 20)
 
 
+# The host reads d.ddd... with 8 to 18 digits after the point without a loop where 26 bytes
+# follow the number's start on its line; every other shape takes the general reader. A field
+# of that shape, or one digit off it, followed by what may follow a number, then a long field
+# so that the fast reader is reached.
+SHAPED_AFTER = ["", " ", "\t", "e5", "E-3", "e", ".5", "x", "_1", "0"]
+
+
+@settings(max_examples=600, deadline=None)
+@given(
+    st.sampled_from(["", "-", "+", " "]),
+    st.integers(0, 9),
+    st.sampled_from([".", "", "0."]),
+    st.text(alphabet="0123456789", min_size=0, max_size=22),
+    st.sampled_from(SHAPED_AFTER),
+)
+def test_hypothesis_the_fixed_shape_reader_matches_the_model(sign: str, lead: int, point: str, digits: str, after: str) -> None:
+    field = f"{sign}{lead}{point}{digits}{after}".encode()
+    data = field + b",1.2345678901234567890123456789,3\n"
+    expected_values, expected_bad = model_rows(data, 3)
+    out = np.full(3, np.nan)
+    assert native.parse_rows(data, 0, len(data), 3, out) == expected_bad
+    assert bits(out[: len(expected_values)]).tolist() == bits(expected_values).tolist()
+
+
 def test_threads_release_the_gil_and_agree(rng: np.random.Generator) -> None:
     values = rng.uniform(-10, 10, (4000, 100))
     text = "".join(",".join(map(repr, row)) + "\n" for row in values.tolist()).encode()
