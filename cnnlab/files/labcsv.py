@@ -35,9 +35,11 @@ from cnnlab.network import (
 # Images per parse task in Python (no native parser): a block of ~3 MB of text, large enough to amortise a task.
 PARSE_IMAGES = 16
 # Images per thread in a step of the host's parse, which runs ~1 MB runs on native threads: a step's own work (its
-# cut, its summaries combined, its call) and the idle tail of its last runs are a few percent of a step this long
-# (on the 16-core H100 host, 30,000 images: 16 a thread 4.8 GB/s).
-STEP_IMAGES = 64
+# cut, its summaries combined, its call) and the idle tail of its last runs are a few percent of a step this long,
+# and its three text windows (~6 MB a thread) stay small enough to fault in and unmap quickly. On the 16-core H100
+# host, 30,000 CSV images, four runs of each in turns: 32 a step 1.13-1.21 s wall and 402 MB peak, 64 1.14-1.25 s
+# and 765 MB, 128 1.91-2.51 s and 1.49 GB.
+STEP_IMAGES = 32
 # Where the host parses, the threads that read ahead meanwhile: a thread reads ~8x the bytes a thread parses.
 READ_AHEAD_SHARE = 4
 # The most bytes a line of an image takes as cnnlab writes it: 100 values in repr's longest form (24 characters) and

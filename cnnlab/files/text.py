@@ -119,10 +119,10 @@ class TextSource:
         self._memory.free_text(window)
 
     def take(self, rows: int, every: int | None = None) -> Span:
-        """The next `rows` non-blank lines (fewer only where the file ends) as a span of one window,
-        with its pieces of `every` rows already cut."""
+        """The next `rows` non-blank lines (fewer only where the file ends) as a span of one window, with its pieces of
+        `every` rows already cut; without `every`, in one piece, with the runs the host's parse claims."""
         self._turn()
-        every = every or max(rows, 1)
+        with_runs, every = every is None, every or max(rows, 1)
         # Read what the rows still wanted should take: rows vary little in length (random values' text: a
         # few percent), and their sum over many rows far less. A line too long ends the reading: cut_rows names it.
         while self._total.rows < rows and not self._at_end and self._total.longest_line <= MAX_LINE_BYTES:
@@ -146,7 +146,7 @@ class TextSource:
                 merged.append((end, found_rows, lines))
         pieces = spans_of(window, self._start, self.lines_taken, merged)
         taken = sum(piece.rows for piece in pieces)
-        runs = runs_of(prefixes, pieces[-1].end) if prefixes is not None else ()
+        runs = runs_of(prefixes, pieces[-1].end) if with_runs and prefixes is not None else ()
         span = Span(window, self._start, pieces[-1].end, taken, self.lines_taken, tuple(pieces), runs)
         if taken > 1:  # not the input's first line, N: its bytes say nothing of a matrix's
             self.row_bytes = (span.end - span.start) / taken
