@@ -25,8 +25,8 @@
 //
 // How: the mantissa's first 19 significant digits in a uint64 w and a decimal exponent q
 // (value = w * 10^q); then Eisel-Lemire: w times a 128-bit truncated 5^q (lab_pow5_table.h),
-// which gives the rounded double or says it cannot tell; where it cannot, Clinger's exact path
-// when w <= 2^53 and |q| <= 22 (or w * 10^(q-22) is an exact integer <= 2^53). With more than 19
+// which gives the rounded double or says it cannot tell (LAB_FIELD_HOST; only for |q| far outside
+// Clinger's exact range, so no such path is kept). With more than 19
 // significant digits, w and w+1 are both converted: if they round alike, so does every number
 // between them, the true value included; if not, LAB_FIELD_HOST. On the host, the shape of
 // Python's repr (d.ddd... with 8 to 18 digits after the point) is read with three 8-byte loads
@@ -86,12 +86,6 @@ LAB_FN const char *lab_line_content_end(const char *begin, const char *end)
 // ---------------------------------------------------------------------------------------------
 // Tables: the same numbers on host and device
 
-#define LAB_POW10_TABLE                                                                          \
-    {                                                                                            \
-        1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16, \
-            1e17, 1e18, 1e19, 1e20, 1e21, 1e22                                                   \
-    }
-
 #define LAB_POW10_INT_TABLE                                                                      \
     {                                                                                            \
         1ULL, 10ULL, 100ULL, 1000ULL, 10000ULL, 100000ULL, 1000000ULL, 10000000ULL, 100000000ULL, \
@@ -100,21 +94,17 @@ LAB_FN const char *lab_line_content_end(const char *begin, const char *end)
     }
 
 inline const uint64_t lab_pow5_host[LAB_POW5_WORDS] = LAB_POW5_TABLE;
-inline const double lab_pow10_host[23] = LAB_POW10_TABLE;
 inline const uint64_t lab_pow10_int_host[16] = LAB_POW10_INT_TABLE;
 #ifdef __CUDACC__
 static __device__ const uint64_t lab_pow5_device[LAB_POW5_WORDS] = LAB_POW5_TABLE;
-static __device__ const double lab_pow10_device[23] = LAB_POW10_TABLE;
 static __device__ const uint64_t lab_pow10_int_device[16] = LAB_POW10_INT_TABLE;
 #endif
 
 #ifdef __CUDA_ARCH__
 #define LAB_POW5 lab_pow5_device
-#define LAB_POW10 lab_pow10_device
 #define LAB_POW10_INT lab_pow10_int_device
 #else
 #define LAB_POW5 lab_pow5_host
-#define LAB_POW10 lab_pow10_host
 #define LAB_POW10_INT lab_pow10_int_host
 #endif
 
@@ -155,26 +145,6 @@ LAB_FN double lab_double_from_bits(uint64_t bits)
 #endif
 }
 
-// Correctly rounded products and quotients, never contracted into an FMA nor approximated
-// (device code built with --use_fast_math would otherwise divide approximately).
-LAB_FN double lab_mul_rn(double a, double b)
-{
-#ifdef __CUDA_ARCH__
-    return __dmul_rn(a, b);
-#else
-    return a * b;
-#endif
-}
-
-LAB_FN double lab_div_rn(double a, double b)
-{
-#ifdef __CUDA_ARCH__
-    return __ddiv_rn(a, b);
-#else
-    return a / b;
-#endif
-}
-
 LAB_FN bool lab_is_digit(unsigned char c) { return (unsigned char)(c - '0') < 10; }
 
 #if !defined(__CUDA_ARCH__) && !defined(LAB_NO_SWAR) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
@@ -203,6 +173,16 @@ inline uint64_t lab_first_digits_value(uint64_t t, int k)
     const int half = 32 - 4 * k;  // shifted by 64 - 8k in two steps (k = 0 shifts out all)
     return lab_eight_digits_value((t << half) << half);
 }
+
+// Bit 7 of each byte of chunk that is not a digit; exact up to the first one, which is all callers use.
+inline uint64_t lab_non_digits(uint64_t chunk)
+{
+    return ((chunk + 0x4646464646464646ULL) | (chunk - 0x3030303030303030ULL)) & 0x8080808080808080ULL;
+}
+
+// The digits before the first non-digit (0..8) of a chunk whose non-digit bytes have bit 7 set
+// in nd, without a branch: nd == 0 counts 8.
+inline int lab_leading_digits(uint64_t nd) { return (__builtin_ctzll(nd | (1ULL << 63)) >> 3) + (nd == 0); }
 #endif
 
 // Digits from p (while p < end) into w (wrapping past 19 digits: the caller recounts); the first
@@ -216,8 +196,7 @@ LAB_FN const char *lab_eat_digits(const char *p, const char *end, uint64_t *w)
     while (end - p >= 8) {
         const uint64_t chunk = lab_read_u64(p);
         const uint64_t t = chunk - 0x3030303030303030ULL;  // digit values; no borrow out of a digit byte
-        // Bit 7 of each byte that is not a digit; exact up to the first one, which is all we use.
-        const uint64_t nd = ((chunk + 0x4646464646464646ULL) | t) & 0x8080808080808080ULL;
+        const uint64_t nd = lab_non_digits(chunk);
         if (nd == 0) {
             v = v * 100000000ULL + lab_eight_digits_value(t);
             p += 8;
@@ -238,23 +217,19 @@ LAB_FN const char *lab_eat_digits(const char *p, const char *end, uint64_t *w)
 }
 
 #ifdef LAB_SWAR
-// The digits before the first non-digit (0..8) of a chunk whose non-digit bytes have bit 7 set
-// in nd, without a branch: nd == 0 counts 8.
-inline int lab_leading_digits(uint64_t nd) { return (__builtin_ctzll(nd | (1ULL << 63)) >> 3) + (nd == 0); }
-
 // The shape of Python's repr of most doubles, d.ddddddddd... with 8 to 18 digits after the
 // point, read from p without a loop: three 8-byte loads at once, so that the digits' count
 // costs no branch a predictor must learn (it varies from number to number). Needs 26 bytes
-// before end; answers false, having read nothing, for any other shape (the caller reads it
+// before end; answers false, having consumed nothing, for any other shape (the caller reads it
 // the general way), so it decides no validity of its own.
 inline bool lab_read_short_decimal(const char *p, const char *end, uint64_t *w, int64_t *q, const char **stop)
 {
     if (end - p < 26 || !lab_is_digit((unsigned char)p[0]) || p[1] != '.')
         return false;
-    const uint64_t zeros = 0x3030303030303030ULL, high = 0x8080808080808080ULL, over = 0x4646464646464646ULL;
+    const uint64_t zeros = 0x3030303030303030ULL;
     const uint64_t a = lab_read_u64(p + 2), b = lab_read_u64(p + 10), c = lab_read_u64(p + 18);
     const uint64_t ta = a - zeros, tb = b - zeros, tc = c - zeros;
-    const uint64_t nda = ((a + over) | ta) & high, ndb = ((b + over) | tb) & high, ndc = ((c + over) | tc) & high;
+    const uint64_t nda = lab_non_digits(a), ndb = lab_non_digits(b), ndc = lab_non_digits(c);
     if (nda != 0)
         return false;
     const int kb = lab_leading_digits(ndb);               // digits in b, 0..8
@@ -462,39 +437,20 @@ LAB_FN double lab_signed(double v, bool negative)  // v >= 0 (or +0.0): its sign
 }
 
 // The double of a decimal read by lab_read_decimal: LAB_FIELD_OK, HOST or BAD (infinite).
-// Eisel-Lemire first, for every w: it costs a 64x64-bit product where Clinger's path divides,
-// and taking one path for every number spares a branch no predictor can learn (about a third
-// of Python's 17-digit reprs have w > 2^53). Clinger's exact paths only answer where
-// Eisel-Lemire cannot tell.
+// Eisel-Lemire for every w: a 64x64-bit product where Clinger's exact path would divide, and one
+// path for every number spares a branch no predictor can learn (about a third of Python's
+// 17-digit reprs have w > 2^53).
 LAB_FN int lab_decimal_to_double(const LabDecimal *d, double *out)
 {
-    const uint64_t w = d->w;
-    const int64_t q = d->q;
-    if (w == 0) {
+    if (d->w == 0) {
         *out = lab_signed(0.0, d->negative);
         return LAB_FIELD_OK;
     }
-    const LabRounded r = lab_eisel_lemire(q, w);
-    if (r.power2 < 0) {
-        if (!d->truncated && w <= (1ULL << 53)) {
-            if (q >= -22 && q <= 22) {  // Clinger: both operands exact, one rounding
-                const double v = (double)w;
-                *out = lab_signed(q < 0 ? lab_div_rn(v, LAB_POW10[-q]) : lab_mul_rn(v, LAB_POW10[q]), d->negative);
-                return LAB_FIELD_OK;
-            }
-            if (q > 22 && q <= 22 + 15) {  // w * 10^(q-22) still an exact integer <= 2^53: then times 1e22
-                const uint64_t scale = LAB_POW10_INT[q - 22];
-                const LabU128 m = lab_mul_64x64(w, scale);
-                if (m.high == 0 && m.low <= (1ULL << 53)) {
-                    *out = lab_signed(lab_mul_rn((double)m.low, 1e22), d->negative);
-                    return LAB_FIELD_OK;
-                }
-            }
-        }
+    const LabRounded r = lab_eisel_lemire(d->q, d->w);
+    if (r.power2 < 0)
         return LAB_FIELD_HOST;
-    }
     if (d->truncated) {  // the true value lies in [w, w+1) * 10^q: both ends must round alike
-        const LabRounded r1 = lab_eisel_lemire(q, w + 1);
+        const LabRounded r1 = lab_eisel_lemire(d->q, d->w + 1);
         if (r1.power2 != r.power2 || r1.mantissa != r.mantissa)
             return r.power2 == 0x7ff ? LAB_FIELD_BAD : LAB_FIELD_HOST;
     }

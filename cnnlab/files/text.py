@@ -122,7 +122,7 @@ class TextSource:
         """The next `rows` non-blank lines (fewer only where the file ends) as a span of one window, with its pieces of
         `every` rows already cut; without `every`, in one piece, with the runs the host's parse claims."""
         self._turn()
-        with_runs, every = every is None, every or max(rows, 1)
+        with_runs, every = not every, every or max(rows, 1)
         # Read what the rows still wanted should take: rows vary little in length (random values' text: a
         # few percent), and their sum over many rows far less. A line too long ends the reading: cut_rows names it.
         while self._total.rows < rows and not self._at_end and self._total.longest_line <= MAX_LINE_BYTES:
