@@ -84,28 +84,17 @@ LAB_FN const char *lab_line_content_end(const char *begin, const char *end)
 }
 
 // ---------------------------------------------------------------------------------------------
-// Tables: the same numbers on host and device
-
-#define LAB_POW10_INT_TABLE                                                                      \
-    {                                                                                            \
-        1ULL, 10ULL, 100ULL, 1000ULL, 10000ULL, 100000ULL, 1000000ULL, 10000000ULL, 100000000ULL, \
-            1000000000ULL, 10000000000ULL, 100000000000ULL, 1000000000000ULL, 10000000000000ULL,  \
-            100000000000000ULL, 1000000000000000ULL                                              \
-    }
+// The powers of five: the same table on host and device
 
 inline const uint64_t lab_pow5_host[LAB_POW5_WORDS] = LAB_POW5_TABLE;
-inline const uint64_t lab_pow10_int_host[16] = LAB_POW10_INT_TABLE;
 #ifdef __CUDACC__
 static __device__ const uint64_t lab_pow5_device[LAB_POW5_WORDS] = LAB_POW5_TABLE;
-static __device__ const uint64_t lab_pow10_int_device[16] = LAB_POW10_INT_TABLE;
 #endif
 
 #ifdef __CUDA_ARCH__
 #define LAB_POW5 lab_pow5_device
-#define LAB_POW10_INT lab_pow10_int_device
 #else
 #define LAB_POW5 lab_pow5_host
-#define LAB_POW10_INT lab_pow10_int_host
 #endif
 
 // ---------------------------------------------------------------------------------------------
@@ -167,6 +156,9 @@ inline uint32_t lab_eight_digits_value(uint64_t v)  // v: 8 digit values (0..9) 
     return (uint32_t)v;
 }
 
+// 10^k for the k <= 8 digits an 8-byte chunk adds.
+inline const uint64_t lab_pow10_int[9] = {1ULL, 10ULL, 100ULL, 1000ULL, 10000ULL, 100000ULL, 1000000ULL, 10000000ULL, 100000000ULL};
+
 // The digits value of the first k (0..8) digit bytes of t (digit values, first byte lowest).
 inline uint64_t lab_first_digits_value(uint64_t t, int k)
 {
@@ -203,7 +195,7 @@ LAB_FN const char *lab_eat_digits(const char *p, const char *end, uint64_t *w)
             continue;
         }
         const int k = __builtin_ctzll(nd) >> 3;  // digits before the first non-digit, 0..7
-        v = v * LAB_POW10_INT[k] + lab_first_digits_value(t, k);
+        v = v * lab_pow10_int[k] + lab_first_digits_value(t, k);
         *w = v;
         return p + k;
     }
@@ -240,7 +232,7 @@ inline bool lab_read_short_decimal(const char *p, const char *end, uint64_t *w, 
     if (*after == 'e' || *after == 'E')
         return false;
     const uint64_t high_part = (uint64_t)(p[0] - '0') * 100000000ULL + lab_eight_digits_value(ta);
-    *w = (high_part * LAB_POW10_INT[kb] + lab_first_digits_value(tb, kb)) * LAB_POW10_INT[kc] +
+    *w = (high_part * lab_pow10_int[kb] + lab_first_digits_value(tb, kb)) * lab_pow10_int[kc] +
          lab_first_digits_value(tc, kc);
     *q = -(int64_t)(8 + kb + kc);
     *stop = after;
