@@ -202,6 +202,20 @@ def test_equal_steps_stop_making_windows(tmp_path: Path, rng: np.random.Generato
     assert len(made) == 30 and made[10] == made[-2], made  # none made after the first ten steps, but at the file's end
 
 
+@pytest.mark.parametrize("batch", [1, 4, 9])
+def test_rows_that_grow_longer_are_read_exactly_while_reading_ahead(tmp_path: Path, rng: np.random.Generator, batch: int) -> None:
+    """Short rows, then rows ~5x longer: the reads begun ahead, sized by the short rows, fall short, and the bytes still
+    missing are read after them: no byte is read twice or lost."""
+    images = np.round(rng.uniform(-10, 10, (60, 100, 100)))  # "3.0": four bytes a value
+    images[20:] = rng.uniform(-10, 10, (40, 100, 100))  # repr's 17 digits: ~19 bytes a value
+    _, input_path = write_files(tmp_path, random_cnn(rng), images)
+    with csv_files.CsvImageReader(input_path, threads=4) as reader:
+        out, buffer = [], np.empty((batch, 100, 100))
+        while count := reader.read_into(buffer):
+            out.append(buffer[:count].copy())
+    assert np.array_equal(np.concatenate(out), images)
+
+
 def test_window_sizes_are_few_and_hold_what_is_asked() -> None:
     sizes = {window_size(nbytes) for nbytes in range(1 << 20, 1 << 21)}
     assert len(sizes) == 9 and max(sizes) == 1 << 21  # 1 MB, then 1 MB + k/8 MB for k = 1..8

@@ -28,6 +28,7 @@ WRAPPED = [
     (text.TextSource, "take"),
     (text.TextSource, "_read_into"),
     (text.TextSource, "_turn"),
+    (text.TextSource, "_read_summarized"),  # on the pool's threads when it reads ahead
     (text, "cut_summarized"),  # the name text.py calls
     (cuda.CudaContext, "allocate_text"),
     (cuda.CudaContext, "free_text"),
