@@ -3,7 +3,8 @@ copies each window in, as the loop does (without the parse, the network or any P
 
     python3 tools/bench_read_bound.py IN_CSV [--mb 48] [--threads 16] [--repeats 3]
 
-Windows of `--mb` MB (cuda mode's batch of 256 images is ~48 MB of repr text), three of them, read back to back by
+Windows of `--mb` MB (cuda mode's batch of 256 images is ~48 MB of repr text), three of them, made as cuda mode makes
+its text windows (memory.Allocator: pages of their own, registered with the driver), read back to back by
 the native reader (read_summarized: `--threads` preadv threads, each piece's lines counted as it lands); the H2D copy
 and the pipelined pair on one stream, a window handed back to the reader once its copy has ended. GB/s of the file.
 """
@@ -21,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from cnnlab.cuda.memory import Allocator
 from cnnlab.files.lines import native
 
 WINDOWS = 3  # as many as cuda mode's reader takes turns with
@@ -107,23 +109,24 @@ def main() -> None:
 
     driver.init()
     context = driver.Device(0).make_context()
+    memory = Allocator(driver)
     try:
         nbytes, size = args.mb << 20, os.path.getsize(args.input)
-        windows = [driver.pagelocked_empty(nbytes, np.uint8) for _ in range(WINDOWS)]
-        device, stream = [driver.mem_alloc(nbytes) for _ in range(2)], driver.Stream()
-        fd = os.open(args.input, os.O_RDONLY)
-        repeats = range(args.repeats)
-        runs: dict[str, Callable[[], None]] = {
-            f"read into page-locked windows, {args.threads} threads": lambda: read_only(fd, size, windows, args.threads),
-            "H2D copy from page-locked windows": lambda: copy_only(driver, size, windows, device, stream),
-            "read + H2D copy of each window, pipelined": lambda: read_and_copy(driver, fd, size, windows, device, stream, args.threads),
-        }
-        bounds = [Bound(name, [rate(size, run) for _ in repeats]) for name, run in runs.items()]
+        windows = [memory.host(nbytes, np.uint8) for _ in range(WINDOWS)]
+        device, stream = [memory.device(nbytes) for _ in range(2)], driver.Stream()
+        with open(args.input, "rb") as file:
+            fd, repeats = file.fileno(), range(args.repeats)
+            runs: dict[str, Callable[[], None]] = {
+                f"read into page-locked windows, {args.threads} threads": lambda: read_only(fd, size, windows, args.threads),
+                "H2D copy from page-locked windows": lambda: copy_only(driver, size, windows, device, stream),
+                "read + H2D copy of each window, pipelined": lambda: read_and_copy(driver, fd, size, windows, device, stream, args.threads),
+            }
+            bounds = [Bound(name, [rate(size, run) for _ in repeats]) for name, run in runs.items()]
         print(f"{args.input}: {size / 1e9:.2f} GB, {WINDOWS} windows of {args.mb} MB")
         for bound in bounds:
             print(f"  {bound}")
-        os.close(fd)
     finally:
+        memory.free_all()
         context.pop()
 
 
