@@ -3,9 +3,10 @@
 The CSV parser, cnnlab.files._lab_csv, is built from native/lab_csv_module.cpp with kernel/lab_csv.h,
 the format's rules it shares with the CUDA parser; the CPU forward, cnnlab.cpu._forward, from
 native/cpu_forward.cpp, with the network's sizes from cnnlab/network.py and -ffp-contract=off (every
-multiply and add rounded on its own, as cpu.rs computes). Both are optional: where one cannot be
-compiled the install still succeeds, with one line saying what to install, and cnnlab uses its
-Python and numpy twin instead.
+multiply and add rounded on its own, as cpu.rs computes); the guard that lets cpu mode map .npy
+files, cnnlab.files._mapped_guard, from native/mapped_guard.cpp. All are optional: where one cannot
+be compiled the install still succeeds, with one line saying what to install, and cnnlab uses its
+Python and numpy twin instead (for the guard: the file is read, not mapped).
 
 The fatbins are built with nvcc, where it is on the PATH, before a wheel or an sdist is made, so
 that the package carries them (setup.cfg's package data) and `cnnlab cuda` runs where only the
@@ -30,6 +31,7 @@ from cnnlab.network import network_sizes  # noqa: E402
 FALLBACKS = {
     "cnnlab.files._lab_csv": "CSV files will be parsed in Python, about 50x slower",
     "cnnlab.cpu._forward": "cpu mode will run the numpy forward, about 20x slower",
+    "cnnlab.files._mapped_guard": ".npy inputs will be copied into memory, not mapped (slower)",
 }
 
 
@@ -109,6 +111,12 @@ setup(
             define_macros=[(name, str(value)) for name, value in network_sizes().items()],
             extra_compile_args=["-O3", "-std=c++17", "-ffp-contract=off", "-fvisibility=hidden", "-pthread", "-Wno-psabi"],
             extra_link_args=["-pthread"],
+            language="c++",
+        ),
+        Extension(
+            "cnnlab.files._mapped_guard",
+            ["native/mapped_guard.cpp"],
+            extra_compile_args=["-O2", "-std=c++17", "-fvisibility=hidden"],
             language="c++",
         ),
     ],

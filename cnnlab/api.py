@@ -67,7 +67,7 @@ def load_image_batches(path: str | os.PathLike, batch: int = 1024) -> Iterator[n
 
 
 def _warn_trailing(path: str | os.PathLike, reader: ImageReader) -> None:
-    note = trailing_data_note(path, reader.count, reader.trailing_data_line())
+    note = trailing_data_note(path, reader.count, reader.finish())
     if note is not None:
         warnings.warn(note, stacklevel=3)
 

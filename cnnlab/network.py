@@ -210,6 +210,7 @@ class Backend(Protocol):
     threads: int  # the host threads it runs on, and the input's reader with it
     batch_size: int | None  # images per compute() call that suit this backend; None: the reader's step, which suits it
     csv_text: TextBatching | None  # not None: compute() also takes CSV text (labcsv.CsvBatch), parsed on the backend's device
+    reads_in_place: bool  # compute() reads any host memory as fast as its own buffers: a mapped file's images go in place
 
     def allocate_images(self, count: int) -> np.ndarray:
         """A host buffer of shape (count, 100, 100) that compute() reads fastest from."""

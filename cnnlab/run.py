@@ -1,7 +1,8 @@
 """A whole run, as the lab's main.rs does it: read the input in batches, compute, write the outputs.
 
 A reader thread parses the next batch while this one computes, straight into the buffers the
-backend reads fastest from (page-locked ones for CUDA).
+backend reads fastest from (page-locked ones for CUDA); a .npy file the CPU computes from is
+mapped instead, and its batches are handed over in place.
 
 Only backend.compute() is timed: the lab's "actual work", without reading or writing files.
 """
@@ -22,6 +23,7 @@ import numpy as np
 from cnnlab.errors import ArrayError, InputFileError
 from cnnlab.files.formats import ImageReader, open_images, open_outputs
 from cnnlab.files.labcsv import CsvBatch, CsvImageReader
+from cnnlab.files.npy import NpyImageReader
 from cnnlab.network import Backend, ImageBatch, OutputBatch, first_nonfinite
 from cnnlab.progress import Progress
 
@@ -52,7 +54,7 @@ class Prefetcher:
     """Reads batches on a thread, one slot ahead, so that reading the next batch overlaps computing
     this one; yields them in input order.
 
-    `read(slot, stop)` fills a slot (a host buffer, or for CSV text nothing but a turn) with the next
+    `read(slot, stop)` fills a slot (a host buffer; for CSV text and a mapped .npy file nothing but a turn) with the next
     batch, or returns None at the end; it checks `stop` between steps, so that leaving early never
     waits for a whole batch, and never leaves the thread writing into a freed buffer.
     """
@@ -125,6 +127,12 @@ def fill_images(reader: ImageReader, buffer: np.ndarray, stop: threading.Event) 
     return ImageBatch(buffer[:count]) if count else None
 
 
+def _view_images(reader: NpyImageReader, images: int, slot: Any, stop: threading.Event) -> ImageBatch | None:
+    """The next batch of a mapped .npy file, in place (nothing to fill: a slot is only a turn)."""
+    view = reader.next_view(images)
+    return ImageBatch(view) if len(view) else None
+
+
 def _read_text(reader: CsvImageReader, images: int, chunk: int, slot: Any, stop: threading.Event) -> CsvBatch | None:
     """The next batch of CSV text (the reader keeps its windows: a slot is only a turn)."""
     return reader.read_text(images, chunk)
@@ -151,8 +159,10 @@ def run_network(
         else:
             # The backend's batch, else the reader's step; never buffers for images the file cannot hold.
             batch_size = min(backend.batch_size or reader.step, reader.count, reader.capacity)
-            read = partial(fill_images, reader)
-            buffers = [backend.allocate_images(batch_size) for _ in range(slots)]
+            if backend.reads_in_place and isinstance(reader, NpyImageReader) and reader.map():
+                read, buffers = partial(_view_images, reader, batch_size), [None] * slots
+            else:
+                read, buffers = partial(fill_images, reader), [backend.allocate_images(batch_size) for _ in range(slots)]
         progress = Progress(f"cnnlab {backend.name}", reader.count)
         work_seconds, startup_seconds, images_done = 0.0, None, 0
         loop_start = time.perf_counter()
@@ -173,7 +183,7 @@ def run_network(
             loop_seconds = time.perf_counter() - loop_start
         finally:
             progress.finish()
-        trailing = reader.trailing_data_line()
+        trailing = reader.finish()
     return RunStats(reader.count, work_seconds, loop_seconds, batch_size, trailing, startup_seconds)
 
 

@@ -19,10 +19,14 @@ import numpy as np
 import pytest
 from helpers import SUBPROCESS_ENV, TIMING_LINE, assert_one_line_error, cnnlab, cpu_outputs, random_cnn, why_no_gpu, write_files
 
+from cnnlab.cpu.backend import CpuBackend
 from cnnlab.errors import InputFileError
+from cnnlab.files import npy
 from cnnlab.files.labcsv import format_rows
 from cnnlab.files.npy import NpyImageReader
 from cnnlab.generate import random_values
+from cnnlab.network import Cnn, ImageBatch, OutputBatch
+from cnnlab.run import run_network
 
 CLOSED_PIPE_STATUS = 128 + signal.SIGPIPE
 WHY_NO_GPU = why_no_gpu()
@@ -260,9 +264,78 @@ def test_a_npy_file_truncated_while_being_read_is_an_error_not_a_crash(tmp_path:
     with NpyImageReader(path) as reader:
         first = np.empty((4, 100, 100))
         assert reader.read_into(first) == 4 and np.array_equal(first, images[:4])
-        os.truncate(path, path.stat().st_size - 100_000)  # another process cuts the file: the reader never maps it
+        os.truncate(path, path.stat().st_size - 100_000)  # another process cuts the file: the read comes up short
         with pytest.raises(InputFileError, match="file ends after 6 of the 8 images"):
             reader.read_into(np.empty((4, 100, 100)))
+
+
+MAPPED_GUARD = pytest.mark.skipif(npy.MappedFile is None, reason="the native mapping guard (cnnlab.files._mapped_guard) is not built")
+
+
+# Whole pages lost (reading them faults: SIGBUS, caught), the tail of the last page only (it reads as zeros, no
+# fault), or whole pages lost and the file then grown back to its size (the pages read as zeros stay zeros).
+@MAPPED_GUARD
+@pytest.mark.parametrize("cut, regrown", [(100_000, False), (100, False), (100_000, True)])
+def test_a_mapped_npy_file_truncated_while_being_read_is_an_error_not_a_crash(
+    tmp_path: Path, rng: np.random.Generator, cut: int, regrown: bool
+) -> None:
+    path = tmp_path / "in.npy"
+    images = random_values(rng, 8, 100, 100)
+    np.save(path, images)
+    content = path.read_bytes()
+    with NpyImageReader(path) as reader:
+        assert reader.map()
+        first, second = reader.next_view(4), reader.next_view(4)
+        assert np.array_equal(first, images[:4]) and np.array_equal(second, images[4:])
+        os.truncate(path, len(content) - cut)
+        assert second[-1, -1, -1] == 0.0  # read past the new end: zeros where the process would have died
+        if regrown:
+            with path.open("ab") as file:
+                file.write(content[-cut:])
+        with pytest.raises(InputFileError, match="cut short while it was read"):
+            reader.finish()
+
+
+class TruncatingBackend(CpuBackend):
+    """The CPU backend, whose second batch finds its input file cut short by `cut` bytes, as another program may do."""
+
+    def __init__(self, cnn: Cnn, path: Path, cut: int) -> None:
+        super().__init__(cnn, batch_size=4)
+        self._path, self._cut, self.batches = path, cut, 0
+
+    def compute(self, batch: ImageBatch, check_finite: bool = False) -> OutputBatch:
+        self.batches += 1
+        if self.batches == 2:
+            os.truncate(self._path, self._path.stat().st_size - self._cut)
+        return super().compute(batch, check_finite)
+
+
+@MAPPED_GUARD
+@pytest.mark.parametrize("cut", [400_000, 100])
+def test_a_run_whose_mapped_npy_file_is_truncated_writes_nothing(tmp_path: Path, rng: np.random.Generator, cut: int) -> None:
+    cnn = random_cnn(rng)
+    np.save(tmp_path / "in.npy", random_values(rng, 40, 100, 100))
+    with TruncatingBackend(cnn, tmp_path / "in.npy", cut) as backend, pytest.raises(InputFileError, match="cut short"):
+        run_network(backend, tmp_path / "in.npy", tmp_path / "out.csv")
+    assert files_in(tmp_path) == ["in.npy"]
+
+
+@MAPPED_GUARD
+def test_a_bus_error_outside_the_guarded_mappings_still_ends_the_process(tmp_path: Path) -> None:
+    # The guard's handler takes only faults in the files it mapped; any other goes on as it would have without it.
+    script = (
+        "import mmap, os, sys\n"
+        "from cnnlab.files._mapped_guard import MappedFile\n"
+        "path = sys.argv[1]\n"
+        "with open(path, 'wb') as file: file.write(b'x' * 65536)\n"
+        "guarded = MappedFile(os.open(path, os.O_RDONLY), 65536)\n"
+        "with open(path, 'rb') as file: other = mmap.mmap(file.fileno(), 0, prot=mmap.PROT_READ)\n"
+        "os.truncate(path, 0)\n"
+        "print(memoryview(guarded)[40000], flush=True)\n"
+        "print(other[40000])\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "file")], env=SUBPROCESS_ENV, capture_output=True, text=True)
+    assert (result.returncode, result.stdout) == (-signal.SIGBUS, "0\n")
 
 
 # Signals during start-up, and memory.

@@ -13,6 +13,7 @@ from helpers import assert_one_line_error, cnnlab, random_cnn, read_all_images, 
 from cnnlab.cpu.backend import CpuBackend
 from cnnlab.errors import InputFileError
 from cnnlab.files import labcsv as csv_files
+from cnnlab.files import npy
 from cnnlab.files.convert import convert
 from cnnlab.files.formats import open_images, read_outputs
 from cnnlab.files.text import HostMemory, window_size
@@ -122,31 +123,43 @@ def test_npy_in_and_out_give_the_csv_results(tmp_path: Path, rng: np.random.Gene
 
 
 class RecordingBackend(CpuBackend):
-    """The CPU backend, remembering the first image of each batch it was handed."""
+    """The CPU backend, remembering the first image of each batch it was handed, and whether it was handed the
+    batch in place (a mapped file's read-only images) rather than in a buffer of its own."""
 
     def __init__(self, *args: object, fail_at: int | None = None, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
         self.firsts: list[float] = []
+        self.in_place: set[bool] = set()
         self._fail_at = fail_at
 
     def compute(self, batch: ImageBatch, check_finite: bool = False) -> OutputBatch:
         if len(self.firsts) == self._fail_at:
             raise InputFileError("backend", "stopped on purpose")
         self.firsts.append(float(batch.images[0, 0, 0]))
+        self.in_place.add(not batch.images.flags.writeable)
         return super().compute(batch, check_finite)
 
 
-@pytest.mark.parametrize("name, read_ahead", [("in.csv", True), ("in.npy", True), ("in.csv", False)])
-def test_pipeline_keeps_input_order(tmp_path: Path, rng: np.random.Generator, name: str, read_ahead: bool) -> None:
+@pytest.mark.parametrize(
+    "name, read_ahead, mapped",
+    [("in.csv", True, False), ("in.npy", True, True), ("in.npy", True, False), ("in.npy", False, True), ("in.csv", False, False)],
+)
+def test_pipeline_keeps_input_order(
+    tmp_path: Path, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch, name: str, read_ahead: bool, mapped: bool
+) -> None:
     cnn = random_cnn(rng)
     images = random_values(rng, 23, 100, 100)
     _, csv_path = write_files(tmp_path, cnn, images)
     if name == "in.npy":
         np.save(tmp_path / name, images)
+        if mapped and npy.MappedFile is None:
+            pytest.skip("the native mapping guard (cnnlab.files._mapped_guard) is not built: .npy files are copied")
+        if not mapped:  # as where no compiler built the guard: the images are copied into the backend's buffers
+            monkeypatch.setattr(npy, "MappedFile", None)
     with RecordingBackend(cnn, batch_size=3) as backend:
         run_network(backend, tmp_path / name, tmp_path / "out.csv", read_ahead)
         want = CpuBackend.compute(backend, ImageBatch(images)).values
-    assert backend.firsts == images[::3, 0, 0].tolist()
+    assert backend.firsts == images[::3, 0, 0].tolist() and backend.in_place == {mapped}
     assert read_outputs(tmp_path / "out.csv") == want.tolist()
 
 
@@ -188,7 +201,7 @@ def test_text_windows_are_reserved_by_the_images_not_by_data_past_them(tmp_path:
         assert max(memory.sizes) < 4 << 20  # one image's text at most, with the gap and slack; by the file's bytes per image, ~22 MB
         batch = reader.read_text(256, 256)
         assert batch is not None and len(batch) == 1 and batch.span.rows == 100
-        assert reader.trailing_data_line() is not None
+        assert reader.finish() is not None
 
 
 def test_equal_steps_stop_making_windows(tmp_path: Path, rng: np.random.Generator) -> None:

@@ -23,7 +23,7 @@ from cnnlab.errors import DeviceError
 from cnnlab.files.formats import open_outputs, read_outputs
 from cnnlab.files.labcsv import read_cnn, write_input_file
 from cnnlab.generate import random_values, write_cnn_file
-from cnnlab.network import ImageBatch, OutputBatch
+from cnnlab.network import IMAGE_BYTES, ImageBatch, OutputBatch
 
 FINITE = st.floats(allow_nan=False, allow_infinity=False, width=64)
 NO_FILES_LEFT = "no output and no temporary file may be left behind"
@@ -205,6 +205,9 @@ def _peak_rss_kb(*args: str | os.PathLike) -> int:
     return int(result.stdout.split()[-1])
 
 
+BATCH = 256
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads peak memory from Linux's /proc")
 @pytest.mark.parametrize("kind, small, large", [("csv", 1000, 5000), ("npy", 1500, 6000)])
@@ -214,8 +217,10 @@ def test_peak_memory_does_not_grow_with_the_number_of_images(
     """Memory is a few batches, not N: four or five times the images, under 10% more peak memory.
 
     Past the first thousand images, that is: the allocators' pools grow for a while before they
-    level off. This is the cpu mode; the GPU check (tools/gpu-check.sh memory) compares 2,000 and
-    20,000 images in both modes.
+    level off. A mapped .npy file adds one batch more or less of its pages, as the reader thread's
+    timing falls (two batches' at most are resident; the rest are unmapped behind the run). This is
+    the cpu mode; the GPU check (tools/gpu-check.sh memory) compares 2,000 and 20,000 images in both
+    modes.
     """
     cnn_path, one = write_files(tmp_path, random_cnn(rng), random_values(rng, 1, 100, 100))
     peaks = []
@@ -229,9 +234,10 @@ def test_peak_memory_does_not_grow_with_the_number_of_images(
                 images[start : start + 500] = random_values(rng, min(500, count - start), 100, 100)
             images.flush()
             del images
-        peaks.append(_peak_rss_kb("cpu", cnn_path, path, tmp_path / "out.npy", "--batch", "256"))
+        peaks.append(_peak_rss_kb("cpu", cnn_path, path, tmp_path / "out.npy", "--batch", str(BATCH)))
         path.unlink()
-    assert peaks[1] < 1.10 * peaks[0], f"peak RSS {peaks[0]} KB for {small} images, {peaks[1]} KB for {large}"
+    timing = BATCH * IMAGE_BYTES // 1024 if kind == "npy" else 0
+    assert peaks[1] < 1.10 * peaks[0] + timing, f"peak RSS {peaks[0]} KB for {small} images, {peaks[1]} KB for {large}"
 
 
 @pytest.mark.parametrize("case", sorted(BAD_INPUTS))

@@ -39,6 +39,7 @@ class CpuBackend:
 
     name = "cpu"
     csv_text = None  # CSV is parsed by the reader, into allocate_images' buffers
+    reads_in_place = True  # a .npy file's images are read where the file is mapped: no copy at all
 
     def __init__(self, cnn: Cnn, batch_size: int | None = None, threads: int | None = None) -> None:
         self.batch_size = batch_size

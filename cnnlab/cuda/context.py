@@ -62,6 +62,7 @@ class CudaContext:
     """The GPU backend. Use as a context manager: leaving it frees everything, the context last."""
 
     name = "cuda"
+    reads_in_place = False  # images cross to the device from page-locked buffers only
 
     def __init__(
         self, cnn: Cnn, batch_size: int | None = None, config: LaunchConfig | None = None, parse_csv: bool = True,

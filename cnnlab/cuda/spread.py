@@ -90,6 +90,7 @@ class Spread:
         self.batch_size = None if first.batch_size is None else first.batch_size * len(self._backends)
         text = first.csv_text
         self.csv_text = None if text is None else TextBatching(text.batch_images * len(self._backends), text.chunk_images)
+        self.reads_in_place = first.reads_in_place
 
     def allocate_images(self, count: int) -> np.ndarray:
         """A buffer the first GPU allocates on its thread: page-locked and portable, so every GPU copies from it."""

@@ -88,4 +88,4 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike) -> Co
                     npy.write_rows(batch)
         else:
             write_input_file(output_path, reader.count, _finite_images(input_path, _batches(reader)))
-        return Conversion("input", reader.count, reader.trailing_data_line())
+        return Conversion("input", reader.count, reader.finish())

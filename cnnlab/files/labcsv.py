@@ -261,7 +261,7 @@ class CsvImageReader:
         message = f"file ends after {complete} of the {self.count} matrices the first line announces{detail}"
         raise InputFileError(self.path, message, self._source.lines_taken)
 
-    def trailing_data_line(self) -> int | None:
+    def finish(self) -> int | None:
         """After all N images: the number of the first non-blank line that follows them, if any."""
         return self._source.lines_taken if self._source.take(1).rows else None
 

@@ -2,10 +2,12 @@
 
 Inputs are read a batch at a time straight into the batch's buffer, with one os.preadv per core
 (it releases the GIL), so a file in the page cache moves at memory speed in one copy; a pipe or a
-FIFO is read in order. A read that comes up short (a file truncated while it is read) is an error
-naming the file, never a crash: nothing is memory-mapped. The header is checked before anything
-else: numpy's own parser, never pickle, within numpy's 10,000-byte limit. Outputs are streamed
-after a header that already holds N.
+FIFO is read in order. For a backend that reads any memory as fast as its own (the CPU), a regular
+file is instead mapped and its images handed over in place, with no copy at all (`map`). Either
+way a file truncated while it is read is an error naming the file, never a crash: a read comes up
+short, or the mapping's guard (native/mapped_guard.cpp) turns the lost pages into zeros that
+`finish` refuses. The header is checked before anything else: numpy's own parser, never pickle,
+within numpy's 10,000-byte limit. Outputs are streamed after a header that already holds N.
 """
 
 from __future__ import annotations
@@ -25,6 +27,11 @@ from cnnlab.errors import InputFileError
 from cnnlab.files.safety import AtomicOutput, open_for_reading, reading
 from cnnlab.files.text import READ_BYTES, read_at, wait_readable
 from cnnlab.network import IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OutputBatch, default_threads, unsized_capacity
+
+try:
+    from cnnlab.files._mapped_guard import MappedFile
+except ImportError:  # no C++ compiler at install time: .npy inputs are read (copied), never mapped
+    MappedFile = None
 
 DTYPE = np.dtype("<f8")
 MAGIC = b"\x93NUMPY"
@@ -102,6 +109,35 @@ class NpyImageReader:
         self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="cnnlab-npy")
         self._seekable = stat.S_ISREG(os.fstat(self._file.fileno()).st_mode)
         self.capacity = self.count if self._seekable else unsized_capacity(self.count)  # a file's size was checked against N
+        self._mapped: Any = None  # the MappedFile once map() succeeds
+        self._images: np.ndarray | None = None  # its images, in place
+        self._dropped = self._last_view = 0  # the images whose pages are unmapped again; the first of the last view
+
+    def map(self) -> bool:
+        """Map the file, so that next_view() hands its images over in place: no copy out of the page cache. False where
+        read_into() stays the way: a pipe, or no native guard built."""
+        if not self._seekable or MappedFile is None:
+            return False
+        self._end = self._offset + self.count * IMAGE_BYTES  # the file's size was checked to hold it
+        self._mapped = MappedFile(self._file.fileno(), self._end)
+        self._images = np.frombuffer(self._mapped, DTYPE, offset=self._offset).reshape(self.count, INPUT_DIM, INPUT_DIM)
+        return True
+
+    def next_view(self, count: int) -> np.ndarray:
+        """The next `count` images (fewer at the end, none past it) of the mapped file, in place; an error where the
+        file has shrunk since it was mapped. Their pages are mapped as the backend first reads them, on its threads.
+
+        A run asks for the next view once it has given back the slot of the batch before the one it computes, so the
+        images before that one are done: their pages are unmapped again (the page cache keeps them), and a run keeps
+        at most two batches of the file resident however large it is."""
+        assert self._images is not None, "next_view() needs map() first"
+        self._check_whole()
+        first = self.images_read
+        count = max(0, min(count, self.count - first))
+        self._mapped.drop(self._offset + self._dropped * IMAGE_BYTES, (self._last_view - self._dropped) * IMAGE_BYTES)
+        self._dropped, self._last_view = self._last_view, first
+        self.images_read += count
+        return self._images[first : first + count]
 
     def read_into(self, out: np.ndarray) -> int:
         """Copy the next images into the leading images of `out`; return how many."""
@@ -129,9 +165,20 @@ class NpyImageReader:
             got += part
         return got
 
-    def trailing_data_line(self) -> int | None:
-        """A .npy file holds exactly the images its header announces: never anything after them."""
+    def finish(self) -> int | None:
+        """After all N images: None, as a .npy file holds exactly the images its header announces; for a mapped file,
+        once it is checked whole, so that no output computed from a lost page is kept."""
+        self._check_whole()
         return None
+
+    def _check_whole(self) -> None:
+        """Where a page was lost (the guard read it as zeros), or the file is shorter than mapped (its last page
+        holds zeros past the new end without a fault), what was computed from it is wrong: the run is refused."""
+        if self._mapped is not None and (self._mapped.faulted or os.fstat(self._file.fileno()).st_size < self._end):
+            self._refuse_shrunk()
+
+    def _refuse_shrunk(self) -> None:
+        raise InputFileError(self.path, "file was cut short while it was read (another program truncated it)")
 
     def close(self) -> None:
         if hasattr(self, "_pool"):
