@@ -17,8 +17,9 @@
 //                                 page cache keeps them; a later read maps them again), so that a
 //                                 run's resident memory stays a few batches however large the file
 //
-// The handler is installed with the first MappedFile and stays: removing it while another thread
-// may fault would race, and with nothing guarded it only passes each signal on.
+// The handler is installed with the first MappedFile (again with a later one, where other code
+// has put its own in place since) and stays: removing it while another thread may fault would
+// race, and with nothing guarded it only passes each signal on.
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -45,16 +46,20 @@ Range ranges[kRanges];
 struct sigaction previous;  // the handler before ours, called for every SIGBUS outside a guarded range
 uintptr_t page_bytes;
 
+// What would have happened without this handler. A fault (si_code > 0) the kernel delivers even where SIGBUS is
+// ignored, and it ends the process; so does a SIGBUS sent by kill under the default action. Either is raised again
+// under the default action: blocked while this handler runs, it ends the process as it returns.
 void pass_on(int signum, siginfo_t *info, void *context)
 {
     if (previous.sa_flags & SA_SIGINFO) {
         previous.sa_sigaction(signum, info, context);
         return;
     }
-    if (previous.sa_handler == SIG_IGN)
+    if (previous.sa_handler == SIG_IGN && info->si_code <= 0)
         return;
-    if (previous.sa_handler == SIG_DFL) {  // returning re-runs the faulting read, which now ends the process
+    if (previous.sa_handler == SIG_DFL || previous.sa_handler == SIG_IGN) {
         signal(signum, SIG_DFL);
+        raise(signum);
         return;
     }
     previous.sa_handler(signum);
@@ -62,6 +67,10 @@ void pass_on(int signum, siginfo_t *info, void *context)
 
 void on_bus_error(int signum, siginfo_t *info, void *context)
 {
+    if (info->si_code <= 0) {  // sent by a process (kill, raise): its address means nothing
+        pass_on(signum, info, context);
+        return;
+    }
     const uintptr_t address = reinterpret_cast<uintptr_t>(info->si_addr);
     for (Range &range : ranges) {
         const uintptr_t begin = range.begin.load(std::memory_order_acquire);
@@ -77,21 +86,22 @@ void on_bus_error(int signum, siginfo_t *info, void *context)
     pass_on(signum, info, context);
 }
 
+// Ours on top, whatever came before: checked at every mapping, since faulthandler.enable() or disable() (or any
+// other code) may have put its own in place since the last one; what it put becomes the handler passed on to.
 bool install_handler()
 {
-    static bool installed = false;
-    if (installed)
-        return true;
     page_bytes = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    struct sigaction current;
+    if (sigaction(SIGBUS, nullptr, &current) != 0)
+        return false;
+    if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == on_bus_error)
+        return true;
     struct sigaction action;
     memset(&action, 0, sizeof action);
     action.sa_sigaction = on_bus_error;
     action.sa_flags = SA_SIGINFO | SA_ONSTACK;
     sigemptyset(&action.sa_mask);
-    if (sigaction(SIGBUS, &action, &previous) != 0)
-        return false;
-    installed = true;
-    return true;
+    return sigaction(SIGBUS, &action, &previous) == 0;
 }
 
 // The first free slot, filled (the caller holds the GIL: only the handler reads at once); null if none.

@@ -297,45 +297,64 @@ def test_a_mapped_npy_file_truncated_while_being_read_is_an_error_not_a_crash(
 
 
 class TruncatingBackend(CpuBackend):
-    """The CPU backend, whose second batch finds its input file cut short by `cut` bytes, as another program may do."""
+    """The CPU backend, whose batch `at` (from 1) finds its input file cut short by `cut` bytes, as another program may
+    do: the first, so that the reader's next batch finds the file short; or the last, whose lost pages the forward's
+    threads fault on, so that only the end-of-input check stands between them and a kept output."""
 
-    def __init__(self, cnn: Cnn, path: Path, cut: int) -> None:
+    def __init__(self, cnn: Cnn, path: Path, cut: int, at: int) -> None:
         super().__init__(cnn, batch_size=4)
-        self._path, self._cut, self.batches = path, cut, 0
+        self._path, self._cut, self._at, self.batches = path, cut, at, 0
 
     def compute(self, batch: ImageBatch, check_finite: bool = False) -> OutputBatch:
         self.batches += 1
-        if self.batches == 2:
+        if self.batches == self._at:
             os.truncate(self._path, self._path.stat().st_size - self._cut)
         return super().compute(batch, check_finite)
 
 
 @MAPPED_GUARD
-@pytest.mark.parametrize("cut", [400_000, 100])
-def test_a_run_whose_mapped_npy_file_is_truncated_writes_nothing(tmp_path: Path, rng: np.random.Generator, cut: int) -> None:
+@pytest.mark.parametrize("cut", [300_000, 100])
+@pytest.mark.parametrize("at", [1, 10])
+@pytest.mark.parametrize("read_ahead", [True, False])
+def test_a_run_whose_mapped_npy_file_is_truncated_writes_nothing(
+    tmp_path: Path, rng: np.random.Generator, cut: int, at: int, read_ahead: bool
+) -> None:
     cnn = random_cnn(rng)
-    np.save(tmp_path / "in.npy", random_values(rng, 40, 100, 100))
-    with TruncatingBackend(cnn, tmp_path / "in.npy", cut) as backend, pytest.raises(InputFileError, match="cut short"):
-        run_network(backend, tmp_path / "in.npy", tmp_path / "out.csv")
+    np.save(tmp_path / "in.npy", random_values(rng, 40, 100, 100))  # 10 batches of 4
+    with TruncatingBackend(cnn, tmp_path / "in.npy", cut, at) as backend, pytest.raises(InputFileError, match="cut short"):
+        run_network(backend, tmp_path / "in.npy", tmp_path / "out.csv", read_ahead)
     assert files_in(tmp_path) == ["in.npy"]
 
 
-@MAPPED_GUARD
-def test_a_bus_error_outside_the_guarded_mappings_still_ends_the_process(tmp_path: Path) -> None:
-    # The guard's handler takes only faults in the files it mapped; any other goes on as it would have without it.
-    script = (
-        "import mmap, os, sys\n"
-        "from cnnlab.files._mapped_guard import MappedFile\n"
-        "path = sys.argv[1]\n"
-        "with open(path, 'wb') as file: file.write(b'x' * 65536)\n"
-        "guarded = MappedFile(os.open(path, os.O_RDONLY), 65536)\n"
+GUARD_SCRIPT = """\
+import faulthandler, mmap, os, signal, sys
+from cnnlab.files._mapped_guard import MappedFile
+path = sys.argv[1]
+with open(path, 'wb') as file: file.write(b'x' * 65536)
+guarded = MappedFile(os.open(path, os.O_RDONLY), 65536)
+{}
+"""
+# The guard's handler takes only faults in the files it mapped; any other signal goes on as it would have without it.
+GUARD_CASES = {
+    "a fault outside": (
         "with open(path, 'rb') as file: other = mmap.mmap(file.fileno(), 0, prot=mmap.PROT_READ)\n"
-        "os.truncate(path, 0)\n"
-        "print(memoryview(guarded)[40000], flush=True)\n"
-        "print(other[40000])\n"
-    )
-    result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "file")], env=SUBPROCESS_ENV, capture_output=True, text=True)
-    assert (result.returncode, result.stdout) == (-signal.SIGBUS, "0\n")
+        "os.truncate(path, 0)\nprint(memoryview(guarded)[40000], flush=True)\nprint(other[40000])",
+        -signal.SIGBUS, "0\n"),
+    "SIGBUS sent by kill": ("print(1, flush=True)\nos.kill(os.getpid(), signal.SIGBUS)\nprint(2)", -signal.SIGBUS, "1\n"),
+    # faulthandler put in place after the first mapping, over the guard's handler: the next mapping puts it back on top
+    "faulthandler enabled later": (
+        "faulthandler.enable()\nagain = MappedFile(os.open(path, os.O_RDONLY), 65536)\nos.truncate(path, 0)\n"
+        "print(memoryview(guarded)[40000], memoryview(again)[40000])", 0, "0 0\n"),
+}
+
+
+@MAPPED_GUARD
+@pytest.mark.parametrize("case", sorted(GUARD_CASES))
+def test_the_mapping_guard_takes_its_own_faults_only(tmp_path: Path, case: str) -> None:
+    body, status, printed = GUARD_CASES[case]
+    command = [sys.executable, "-c", GUARD_SCRIPT.format(body), str(tmp_path / "file")]
+    result = subprocess.run(command, env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stdout) == (status, printed), result.stderr
 
 
 # Signals during start-up, and memory.

@@ -31,6 +31,8 @@ GPU = pytest.mark.skipif(why_no_gpu() is not None, reason=str(why_no_gpu()))
 class StandIn(CpuBackend):
     """A GPU's place taken by a CPU backend on one thread, which notes the thread it computes on and may fail."""
 
+    reads_in_place = False  # as a GPU: a .npy file's images go through allocate_images' buffers
+
     def __init__(self, cnn: Cnn, fail_at: int | None = None) -> None:
         super().__init__(cnn, threads=1)
         self.name, self.calls, self.fail_at, self.threads_seen = "cuda", 0, fail_at, set()

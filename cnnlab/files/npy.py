@@ -115,11 +115,14 @@ class NpyImageReader:
 
     def map(self) -> bool:
         """Map the file, so that next_view() hands its images over in place: no copy out of the page cache. False where
-        read_into() stays the way: a pipe, or no native guard built."""
+        read_into() stays the way: a pipe, no native guard built, or a file the system will not map (ENODEV, ENOMEM)."""
         if not self._seekable or MappedFile is None:
             return False
         self._end = self._offset + self.count * IMAGE_BYTES  # the file's size was checked to hold it
-        self._mapped = MappedFile(self._file.fileno(), self._end)
+        try:
+            self._mapped = MappedFile(self._file.fileno(), self._end)
+        except OSError:
+            return False
         self._images = np.frombuffer(self._mapped, DTYPE, offset=self._offset).reshape(self.count, INPUT_DIM, INPUT_DIM)
         return True
 
