@@ -44,7 +44,7 @@ struct Range {
 
 Range ranges[kRanges];
 struct sigaction previous;  // the handler before ours, called for every SIGBUS outside a guarded range
-uintptr_t page_bytes;
+uintptr_t page_bytes;  // set once, at the module's import, before any handler can run
 
 // What would have happened without this handler. A fault (si_code > 0) the kernel delivers even where SIGBUS is
 // ignored, and it ends the process; so does a SIGBUS sent by kill under the default action. Either is raised again
@@ -90,7 +90,6 @@ void on_bus_error(int signum, siginfo_t *info, void *context)
 // other code) may have put its own in place since the last one; what it put becomes the handler passed on to.
 bool install_handler()
 {
-    page_bytes = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
     struct sigaction current;
     if (sigaction(SIGBUS, nullptr, &current) != 0)
         return false;
@@ -229,6 +228,7 @@ PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__mapped_guard(void)
 {
+    page_bytes = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
     MappedFileType.tp_name = "cnnlab.files._mapped_guard.MappedFile";
     MappedFileType.tp_basicsize = sizeof(MappedFileObject);
     MappedFileType.tp_flags = Py_TPFLAGS_DEFAULT;
