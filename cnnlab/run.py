@@ -23,7 +23,7 @@ import numpy as np
 from cnnlab.errors import ArrayError, InputFileError
 from cnnlab.files.formats import ImageReader, open_images, open_outputs
 from cnnlab.files.labcsv import CsvBatch, CsvImageReader
-from cnnlab.files.npy import NpyImageReader
+from cnnlab.files.npy import VIEW_IMAGES, NpyImageReader
 from cnnlab.network import Backend, ImageBatch, OutputBatch, first_nonfinite
 from cnnlab.progress import Progress
 
@@ -120,7 +120,10 @@ def fill_images(reader: ImageReader, buffer: np.ndarray, stop: threading.Event) 
     """Read the next images into `buffer`, a reader's step at a time; None when there are none left."""
     count = 0
     while count < len(buffer) and not stop.is_set():
-        step = reader.read_into(buffer[count : count + reader.step])
+        room = buffer[count : count + reader.step]
+        # The next call's images: the rest of this buffer's, a step at most, else the next buffer's (the slots are alike).
+        next_images = min(reader.step, len(buffer) - count - len(room) or len(buffer))
+        step = reader.read_into(room, next_images)
         if not step:
             break
         count += step
@@ -157,9 +160,10 @@ def run_network(
             read: Callable[[Any, threading.Event], Batch | None] = partial(_read_text, reader, batch_size, text.chunk_images)
             buffers: list[Any] = [None] * slots
         else:
-            # The backend's batch, else the reader's step; never buffers for images the file cannot hold.
-            batch_size = min(backend.batch_size or reader.step, reader.count, reader.capacity)
-            if backend.reads_in_place and isinstance(reader, NpyImageReader) and reader.map():
+            mapped = backend.reads_in_place and isinstance(reader, NpyImageReader) and reader.map()
+            # The backend's batch, else the reader's step (a mapped file's views); never buffers for images the file cannot hold.
+            batch_size = min(backend.batch_size or (VIEW_IMAGES if mapped else reader.step), reader.count, reader.capacity)
+            if mapped:
                 read, buffers = partial(_view_images, reader, batch_size), [None] * slots
             else:
                 read, buffers = partial(fill_images, reader), [backend.allocate_images(batch_size) for _ in range(slots)]

@@ -123,12 +123,13 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], status: int 
     return result.stderr
 
 
-def read_all_images(path: Path, batch: int = 3) -> np.ndarray:
+def read_all_images(path: Path, batch: int = 3, ahead: bool = True) -> np.ndarray:
+    """Every image of a CSV input file, read `batch` at a time (each call saying the next asks as many, where `ahead`)."""
     with CsvImageReader(path) as reader:
         out = np.empty((reader.count, 100, 100))
         buffer = np.empty((batch, 100, 100))
         done = 0
-        while count := reader.read_into(buffer):
+        while count := reader.read_into(buffer, batch if ahead else 0):
             out[done : done + count] = buffer[:count]
             done += count
         assert done == reader.count

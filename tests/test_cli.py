@@ -284,3 +284,30 @@ def test_convert_says_a_cnn_file_is_one(tmp_path: Path, rng: np.random.Generator
     assert f"{cnn_path}: this is a CNN file (10 lines of 25 filter values, then 10 of 4000 weights)" in message
     assert "convert converts input files (N images) and output files (rows of values)" in message
     assert not (tmp_path / "cnn.npy").exists()
+
+
+def test_a_mapped_run_imports_no_thread_pool_nor_shutil(tmp_path: Path, rng: np.random.Generator) -> None:
+    """cpu mode on a mapped .npy file makes no thread pool, and argparse's terminal width needs no shutil: neither
+    concurrent.futures (with logging) nor shutil (with its compression modules) is imported, ~7 ms of a 2-core start."""
+    from cnnlab.files import npy
+
+    if npy.MappedFile is None:
+        pytest.skip("the native mapping guard (cnnlab.files._mapped_guard) is not built: .npy files are read on a pool")
+    cnn_path, _ = write_files(tmp_path, random_cnn(rng), random_values(rng, 3, 100, 100))
+    np.save(tmp_path / "in.npy", random_values(rng, 3, 100, 100))
+    script = (
+        "import sys; from cnnlab.cli.main import main; code = main(sys.argv[1:]); "
+        "print(*sorted({'concurrent.futures', 'logging', 'shutil'} & set(sys.modules)), file=sys.stderr); sys.exit(code)"
+    )
+    command = [sys.executable, "-c", script, "cpu", str(cnn_path), str(tmp_path / "in.npy"), str(tmp_path / "out.csv")]
+    result = subprocess.run(command, env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stderr == "\n", result.stderr
+
+
+@pytest.mark.parametrize("columns", [50, 120])
+def test_help_wraps_at_the_terminal_width(columns: int) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "cnnlab", "cpu", "--help"], env={**SUBPROCESS_ENV, "COLUMNS": str(columns)}, capture_output=True, text=True, timeout=300
+    )
+    widest = max(map(len, result.stdout.splitlines()))
+    assert result.returncode == 0 and columns - 12 <= widest <= columns, result.stdout

@@ -150,6 +150,27 @@ def test_a_line_too_long_is_named_past_the_first_pieces(tmp_path: Path) -> None:
         reader.read_into(np.empty((20, 100, 100)))
 
 
+def test_a_span_taken_ahead_keeps_errors_in_file_order(tmp_path: Path) -> None:
+    """While image 2 parses, image 3's span is taken ahead and finds a line too long: image 2's bad value is named."""
+    row = "1," * 99 + "1\n"
+    path = tmp_path / "in.csv"
+    path.write_text("3\n" + row * 150 + "1,x" + row[3:] + row * 49 + "9" * (2 << 20) + "\n" + row * 99)
+    with CsvImageReader(path, 1) as reader:
+        assert reader.read_into(np.empty((1, 100, 100)), 1) == 1
+        with pytest.raises(InputFileError, match=r"in.csv:152: value 2 'x' is not a number"):
+            reader.read_into(np.empty((1, 100, 100)), 1)
+        with pytest.raises(InputFileError, match=r"in.csv:202: line longer than"):  # the next call: the span taken ahead
+            reader.read_into(np.empty((1, 100, 100)))
+
+
+def test_a_call_unlike_the_one_announced_is_refused(tmp_path: Path, rng: np.random.Generator) -> None:
+    _, path = write_files(tmp_path, random_cnn(rng), random_values(rng, 6, 100, 100))
+    with CsvImageReader(path) as reader:
+        reader.read_into(np.empty((2, 100, 100)), 2)
+        with pytest.raises(ValueError, match="asked for 3 images where the call before said 2"):
+            reader.read_into(np.empty((3, 100, 100)))
+
+
 def test_a_pipe_reads_as_the_file_does(tmp_path: Path, rng: np.random.Generator) -> None:
     """Through a FIFO, written a few KB at a time, the reader gives the same images as from the file."""
     import os

@@ -61,6 +61,24 @@ def test_values_the_fast_parser_declines_still_convert_exactly(
     assert (read_all_images(path).view(np.int64) == images.view(np.int64)).all()
 
 
+@pytest.mark.parametrize("batch", [1, 2, 3, 7])
+def test_spans_taken_ahead_give_the_images_read_in_turn(
+    tmp_path: Path, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch, batch: int
+) -> None:
+    """Told what the next call asks, the reader takes its span on a thread of its own: the same images as without."""
+    images = awkward_values(rng, (7, 100, 100))
+    _, path = write_files(tmp_path, random_cnn(rng), images)
+    takers: list[str] = []
+    take = csv_files.TextSource.take
+    monkeypatch.setattr(csv_files.TextSource, "take", lambda *args: takers.append(threading.current_thread().name) or take(*args))
+    for ahead in (True, False):
+        assert (read_all_images(path, batch, ahead).view(np.int64) == images.view(np.int64)).all()
+    calls = -(-7 // batch)
+    ahead_takers = takers[: len(takers) - calls - 2]  # without: a take a call, after the count's and before finish's
+    assert sum(name.startswith("cnnlab-take") for name in ahead_takers) == calls - 1
+    assert not any(name.startswith("cnnlab-take") for name in takers[len(ahead_takers) :])
+
+
 def test_npy_input_round_trips_through_convert(tmp_path: Path, rng: np.random.Generator) -> None:
     images = awkward_values(rng, (5, 100, 100))
     _, csv_path = write_files(tmp_path, random_cnn(rng), images)

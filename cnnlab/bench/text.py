@@ -29,7 +29,7 @@ def bench_reader(options: BenchOptions, seed: int | None) -> list[Figure]:
         def read(threads: int | None) -> None:
             with CsvImageReader(path, threads) as reader:
                 buffer = np.empty((reader.step, INPUT_DIM, INPUT_DIM))
-                while reader.read_into(buffer):
+                while reader.read_into(buffer, len(buffer)):  # as a run reads: the next step taken while one parses
                     pass
 
         repeats = min(options.repeats, 3)

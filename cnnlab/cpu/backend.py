@@ -12,7 +12,6 @@ import sys
 
 import numpy as np
 
-from cnnlab.cpu.numpy_forward import NumpyForward
 from cnnlab.network import (
     IMAGE_BYTES,
     INPUT_DIM,
@@ -47,6 +46,8 @@ class CpuBackend:
         if Forward is not None:
             self._forward = Forward(cnn.filters, cnn.weights, self.threads)
         else:
+            from cnnlab.cpu.numpy_forward import NumpyForward  # the fallback, and its thread pool's import, only here
+
             print("cnnlab: note: the native forward is not built (it needs a C++17 compiler at install time); numpy, ~20x slower",
                   file=sys.stderr)
             self._forward = NumpyForward(cnn.filters, cnn.weights, self.threads)

@@ -37,7 +37,7 @@ def _batches(reader: ImageReader) -> Iterator[np.ndarray]:
     buffer = np.empty((min(reader.step, reader.count), INPUT_DIM, INPUT_DIM))
     progress = Progress("cnnlab convert", reader.count)
     try:
-        while count := reader.read_into(buffer):
+        while count := reader.read_into(buffer, len(buffer)):  # a buffer's worth next, prepared meanwhile
             yield buffer[:count]
             progress.update(reader.images_read)
     finally:

@@ -25,7 +25,10 @@ class ImageReader(Protocol):
     images_read: int
     step: int  # images per read_into() call that keep a read both efficient and quick to stop
 
-    def read_into(self, out: np.ndarray) -> int: ...
+    def read_into(self, out: np.ndarray, next_images: int = 0) -> int:
+        """Fill the leading images of `out` with the next ones; return how many. `next_images`: how many the next call
+        will ask for (0: unknown), which a reader may prepare meanwhile."""
+        ...
 
     def finish(self) -> int | None:
         """After all N images: the first line after them that holds data (CSV), if any; a reader checks here what

@@ -8,11 +8,13 @@ where it was not built, the pure-Python twins below follow the same rules, slowl
 from __future__ import annotations
 
 import sys
-from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
+
+if TYPE_CHECKING:  # concurrent.futures (with logging) is imported by the readers that make pools: not at every start
+    from concurrent.futures import Executor
 
 try:
     from cnnlab.files import _lab_csv as native

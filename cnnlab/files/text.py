@@ -11,8 +11,7 @@ import os
 import select
 import stat
 import threading
-from concurrent.futures import Executor, Future, wait
-from typing import BinaryIO, Protocol
+from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 import numpy as np
 
@@ -33,6 +32,9 @@ from cnnlab.files.lines import (
 )
 from cnnlab.files.safety import reading
 from cnnlab.network import own_pages
+
+if TYPE_CHECKING:
+    from concurrent.futures import Executor, Future
 
 READ_BYTES = 1 << 23  # bytes per read() call: large enough to amortise it, small enough to stop quickly
 # Where a window's bytes read ahead start: room before them for the bytes the last span left, carried there.
@@ -262,7 +264,7 @@ class TextSource:
     def close(self) -> None:
         """Give the windows back (page-locked memory is scarce), once a read ahead into one has ended."""
         if self._ahead is not None:
-            wait([self._ahead])
+            self._ahead.exception()  # waits for it: its error, if any, no longer matters
         for window in self._windows:
             self._memory.free_text(window)
         self._windows = []
