@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from cnnlab.arrays import gpu_index, image_count
-from cnnlab.errors import ArrayError, OutputFileError, UsageError
+from cnnlab.errors import ArrayError, UsageError
 from cnnlab.files.formats import trailing_data_note
 from cnnlab.files.labcsv import read_cnn
+from cnnlab.files.safety import refuse_same_files
 from cnnlab.network import INPUT_DIM, OUT_LAYER_SIZE, Backend, Cnn, ImageBatch, first_nonfinite, nonfinite_error
-from cnnlab.run import run_network
+from cnnlab.run import make_backend, run_network
 
 if TYPE_CHECKING:
     import dask.array
@@ -133,17 +134,13 @@ class _BackendThread:
         self._thread.join()
 
 
-def _make_backend(cnn: Cnn, gpu: int | None) -> Backend:
-    """What `cnnlab cpu` (for None) or `cnnlab cuda --device GPU` runs on: the CUDA one imported only when asked for."""
+def _worker_backend(cnn: Cnn, gpu: int | None) -> Backend:
+    """The command line's backend for the CPU (gpu None) or GPU `gpu`, on the host threads that suit a Dask worker."""
     if gpu is None:
-        from cnnlab.cpu.backend import CpuBackend
-
-        return CpuBackend(cnn)
-    from cnnlab.cuda.context import CudaContext
-
+        return make_backend("cpu", cnn, None)
     # Every core the worker may run on copies its blocks into page-locked memory: Dask's OMP_NUM_THREADS=1 keeps a
     # worker's compute libraries from taking every core each, and a GPU's worker computes nothing on the host.
-    return CudaContext(cnn, device=gpu, threads=len(os.sched_getaffinity(0)))
+    return make_backend("cuda", cnn, None, threads=len(os.sched_getaffinity(0)), gpus=[gpu])
 
 
 # This process's backends: for each device (a GPU's index, None for the CPU), the token of the CNN it holds and its
@@ -161,7 +158,7 @@ def _on_backend(cnn: Cnn, token: str, gpu: int | None, job: Callable[[Backend], 
         if held is None or held[0] != token:
             if held is not None:
                 held[1].close()
-            held = _BACKENDS[gpu] = (token, _BackendThread(partial(_make_backend, cnn, gpu)))
+            held = _BACKENDS[gpu] = (token, _BackendThread(partial(_worker_backend, cnn, gpu)))
         return held[1].submit(job)
 
 
@@ -200,7 +197,7 @@ def run_files(
     outputs = [Path(output_dir) / f"{path.stem}.csv" for path in inputs]
     if len(set(outputs)) < len(outputs):
         raise UsageError("two input files share a name (less its extension): their outputs would be one file")
-    _refuse_overwrites(outputs, [("CNN file", cnn_path), *(("input file", path) for path in inputs)])
+    refuse_same_files(outputs, [("CNN file", cnn_path), *(("input file", path) for path in inputs)])
     cnn = read_cnn(cnn_path)
     token = tokenize(cnn)
     cnn_once = dask.delayed(cnn, name=f"cnnlab-cnn-{token}")
@@ -212,24 +209,6 @@ def run_files(
         if note is not None:
             warnings.warn(note, stacklevel=2)
     return outputs
-
-
-def _refuse_overwrites(outputs: list[Path], others: list[tuple[str, str | os.PathLike]]) -> None:
-    """An OutputFileError where an output is one of `others` (role, path) under any name, as refuse_same_file refuses it,
-    each file looked at once rather than once a pair: a folder may hold thousands of inputs."""
-    known = {_identity(path): (role, path) for role, path in others}
-    for output in outputs:
-        if (found := known.get(_identity(output))) is not None:
-            raise OutputFileError(f"{output}: is the {found[0]} {found[1]}; refusing to write over it")
-
-
-def _identity(path: str | os.PathLike) -> tuple[int, int] | str:
-    """A file's device and inode where it exists (the same under every name), else the path its links lead to."""
-    try:
-        status = os.stat(path)
-    except OSError:
-        return os.path.realpath(path)
-    return status.st_dev, status.st_ino
 
 
 def _run_file(cnn: Cnn, token: str, gpu: int | None, input_path: Path, output_path: Path) -> str | None:

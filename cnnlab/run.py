@@ -24,7 +24,7 @@ from cnnlab.errors import ArrayError, InputFileError
 from cnnlab.files.formats import ImageReader, open_images, open_outputs
 from cnnlab.files.labcsv import CsvBatch, CsvImageReader
 from cnnlab.files.npy import VIEW_IMAGES, NpyImageReader
-from cnnlab.network import Backend, ImageBatch, OutputBatch, first_nonfinite
+from cnnlab.network import Backend, Cnn, ImageBatch, OutputBatch, first_nonfinite
 from cnnlab.progress import Progress
 
 Batch = ImageBatch | CsvBatch
@@ -139,6 +139,30 @@ def _view_images(reader: NpyImageReader, images: int, slot: Any, stop: threading
 def _read_text(reader: CsvImageReader, images: int, chunk: int, slot: Any, stop: threading.Event) -> CsvBatch | None:
     """The next batch of CSV text (the reader keeps its windows: a slot is only a turn)."""
     return reader.read_text(images, chunk)
+
+
+def make_backend(
+    mode: str, cnn: Cnn, batch_size: int | None, host_parse: bool = False, kernel: str | None = None, threads: int | None = None,
+    gpus: list[int] | None = None,
+) -> Backend:
+    """The backend for `mode` on `threads` host threads; the CUDA one, running rung `kernel` of the ladder on the GPUs
+    `gpus` (default GPU 0; several: each batch spread over them), is imported only when asked for."""
+    if mode == "cpu":
+        from cnnlab.cpu.backend import CpuBackend
+
+        return CpuBackend(cnn, batch_size, threads)
+    from cnnlab.cuda.context import CudaContext
+    from cnnlab.cuda.ladder import DEFAULT_KERNEL, LaunchConfig
+
+    gpus = gpus or [0]
+    share = None if batch_size is None else max(1, -(-batch_size // len(gpus)))  # a batch's images over the GPUs
+    config = LaunchConfig(kernel=kernel or DEFAULT_KERNEL)
+    make = partial(CudaContext, cnn, share, config, parse_csv=not host_parse, threads=threads)
+    if len(gpus) == 1:
+        return make(device=gpus[0])
+    from cnnlab.cuda.spread import Spread
+
+    return Spread([partial(make, device=gpu) for gpu in gpus])
 
 
 def run_network(

@@ -306,8 +306,7 @@ def test_a_mapped_run_imports_no_thread_pool_nor_shutil(tmp_path: Path, rng: np.
 
 @pytest.mark.parametrize("columns", [50, 120])
 def test_help_wraps_at_the_terminal_width(columns: int) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "cnnlab", "cpu", "--help"], env={**SUBPROCESS_ENV, "COLUMNS": str(columns)}, capture_output=True, text=True, timeout=300
-    )
+    command = [sys.executable, "-m", "cnnlab", "cpu", "--help"]
+    result = subprocess.run(command, env={**SUBPROCESS_ENV, "COLUMNS": str(columns)}, capture_output=True, text=True, timeout=300)
     widest = max(map(len, result.stdout.splitlines()))
     assert result.returncode == 0 and columns - 12 <= widest <= columns, result.stdout

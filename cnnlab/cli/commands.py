@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from functools import partial
 from pathlib import Path
 from typing import TextIO
 
@@ -18,35 +17,10 @@ from cnnlab.errors import STANDARD_STREAM, DeviceError, OutputFileError, UsageEr
 from cnnlab.files.formats import trailing_data_note
 from cnnlab.files.labcsv import read_cnn
 from cnnlab.files.safety import AtomicOutput, output_target, refuse_same_file, writing
-from cnnlab.network import Backend, Cnn
 from cnnlab.resources import resource_dir
-from cnnlab.run import run_network
+from cnnlab.run import make_backend, run_network
 
 DEFAULT_OUTPUTS = {"cpu": Path("out/out.csv"), "cuda": Path("out/out_cuda.csv")}
-
-
-def make_backend(
-    mode: str, cnn: Cnn, batch_size: int | None, host_parse: bool = False, kernel: str | None = None, threads: int | None = None,
-    gpus: list[int] | None = None,
-) -> Backend:
-    """The backend for `mode` on `threads` host threads; the CUDA one, running rung `kernel` of the ladder on the GPUs
-    `gpus` (default GPU 0; several: each batch spread over them), is imported only when asked for."""
-    if mode == "cpu":
-        from cnnlab.cpu.backend import CpuBackend
-
-        return CpuBackend(cnn, batch_size, threads)
-    from cnnlab.cuda.context import CudaContext
-    from cnnlab.cuda.ladder import DEFAULT_KERNEL, LaunchConfig
-
-    gpus = gpus or [0]
-    share = None if batch_size is None else max(1, -(-batch_size // len(gpus)))  # a batch's images over the GPUs
-    config = LaunchConfig(kernel=kernel or DEFAULT_KERNEL)
-    make = partial(CudaContext, cnn, share, config, parse_csv=not host_parse, threads=threads)
-    if len(gpus) == 1:
-        return make(device=gpus[0])
-    from cnnlab.cuda.spread import Spread
-
-    return Spread([partial(make, device=gpu) for gpu in gpus])
 
 
 def named_gpus(devices: str | None, device: int | None) -> list[int] | None:

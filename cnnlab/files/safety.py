@@ -19,7 +19,7 @@ import os
 import re
 import stat
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -182,19 +182,36 @@ def _create_temporary(folder: str, prefix: str) -> tuple[int, str]:
 
 
 def refuse_same_file(output: str | os.PathLike, others: Mapping[str, str | os.PathLike]) -> None:
-    """Raise an OutputFileError if `output` is one of `others` (by role: "input file", ...): the same file
-    under another name, or the same path once links are followed, whether or not it exists yet."""
-    if os.fspath(output) == STANDARD_STREAM:
-        return
-    for role, other in others.items():
-        if os.fspath(other) == STANDARD_STREAM:
+    """Raise an OutputFileError if `output` is one of `others` (by role: "input file", ...), as refuse_same_files says."""
+    refuse_same_files([output], others.items())
+
+
+def refuse_same_files(outputs: Iterable[str | os.PathLike], others: Iterable[tuple[str, str | os.PathLike]]) -> None:
+    """Raise an OutputFileError where an output is one of `others` ((role, path) pairs, the first named): the same file
+    under another name, or the same path once links are followed, whether or not it exists yet; each file looked at once
+    rather than once a pair, since a folder may hold thousands of inputs."""
+    known: dict[tuple[int, int] | str, tuple[int, str, str | os.PathLike]] = {}
+    for index, (role, other) in enumerate(others):
+        if os.fspath(other) != STANDARD_STREAM:
+            for key in _identities(other):
+                known.setdefault(key, (index, role, other))
+    for output in outputs:
+        if os.fspath(output) == STANDARD_STREAM:
             continue
-        try:
-            same = os.path.samefile(output, other)
-        except OSError:  # one of them does not exist (yet)
-            same = os.path.realpath(output) == os.path.realpath(other)
-        if same:
+        found = [known[key] for key in _identities(output) if key in known]
+        if found:
+            _, role, other = min(found, key=lambda entry: entry[0])
             raise OutputFileError(f"{output}: is the {role} {other}; refusing to write over it")
+
+
+def _identities(path: str | os.PathLike) -> list[tuple[int, int] | str]:
+    """What two names of one file share: the path their links lead to, and where the file exists its device and inode
+    (os.path.samefile's test, with its fallback to the path for a file not there yet)."""
+    try:
+        status = os.stat(path)
+    except OSError:  # it does not exist (yet)
+        return [os.path.realpath(path)]
+    return [os.path.realpath(path), (status.st_dev, status.st_ino)]
 
 
 def _take_mode(descriptor: int, target: str) -> None:
