@@ -293,7 +293,8 @@ class CsvImageReader:
         return self._source.lines_taken if self._source.take(1).rows else None
 
     def close(self) -> None:
-        self._taker.shutdown()  # first: a take ahead still uses the pool and the windows
+        self.stop.set()  # a take ahead that waits on a pipe gives up
+        self._taker.shutdown()  # before the pool and the windows go: a take ahead uses them
         self._pool.shutdown()
         if self._parsers is not None:
             self._parsers.close()
