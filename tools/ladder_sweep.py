@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 
-from cnnlab.bench.gpu import device_copy_rate, time_kernels  # noqa: E402
+from cnnlab.bench.gpu import device_copy_rate, event_seconds, time_kernels  # noqa: E402
 from cnnlab.bench.report import median_rate  # noqa: E402
 from cnnlab.compare import rule_verdict  # noqa: E402
 from cnnlab.cpu.backend import CpuBackend  # noqa: E402
@@ -51,7 +51,7 @@ def stage_times(context: CudaContext, resident: Any, bound: float, repeats: int)
     driver, setup, count = context.driver, context.setup, resident.count
     conv_out = context.memory.device(count * 4000 * 8)
     partials = context.memory.device(4 * count * 10 * 8)
-    stream, start, end = driver.Stream(), driver.Event(), driver.Event()
+    stream = driver.Stream()
     conv = kernels.Conv2dRelu(setup.module(launchers.KERNEL_BUILD), setup.sm_count)
     dense = kernels.FlattenedToDense(setup.module(launchers.KERNEL_BUILD), setup.sm_count, 4, 256)
     coarse = setup.function(launchers.COARSE_BUILD, "dense_coarsened", "PPPii")
@@ -69,14 +69,7 @@ def stage_times(context: CudaContext, resident: Any, bound: float, repeats: int)
             (min(count // 4, blocks), 4), (256, 1, 1), stream, conv_out, setup.weights, partials, np.int32(count), np.int32(count))),
     )
     for name, run in stages:
-        run()
-        seconds = []
-        for _ in range(repeats):
-            start.record(stream)
-            run()
-            end.record(stream)
-            end.synchronize()
-            seconds.append(end.time_since(start) / 1e3)
+        seconds = event_seconds(driver, stream, run, repeats)
         rate = count / sorted(seconds)[len(seconds) // 2]
         print(f"{name:<40} {rate:>12,.0f} images/s {rate / bound:6.1%} of D2D")
     context.memory.free(conv_out)

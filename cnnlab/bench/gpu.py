@@ -56,16 +56,9 @@ def time_kernels(context: CudaContext, rung: Launcher, images: DeviceImages, rep
         conv_out = context.memory.device(activations * OUT_NEURON_DIM * 8) if activations else None
         partials = context.memory.device(rung.segments * count * OUT_LAYER_SIZE * 8)
         try:
-            stream, start, end = driver.Stream(), driver.Event(), driver.Event()
+            stream = driver.Stream()
             driver.memset_d8_async(partials, 0xFF, rung.segments * count * OUT_LAYER_SIZE * 8, stream)  # NaN: unwritten shows
-            rung(stream, int(images.allocation), conv_out, partials, count, count)
-            seconds = []
-            for _ in range(repeats):
-                start.record(stream)
-                rung(stream, int(images.allocation), conv_out, partials, count, count)
-                end.record(stream)
-                end.synchronize()
-                seconds.append(end.time_since(start) / 1e3)
+            seconds = event_seconds(driver, stream, lambda: rung(stream, int(images.allocation), conv_out, partials, count, count), repeats)
             host = np.empty((rung.segments, count, OUT_LAYER_SIZE))
             driver.memcpy_dtoh(host, partials)
         finally:
@@ -111,18 +104,26 @@ def _copy_seconds(context: CudaContext, nbytes: int, copy: Callable[[Any, Any], 
     with device_errors("cannot time the copy bounds"):
         target = context.memory.device(nbytes)
         try:
-            stream, start, end = driver.Stream(), driver.Event(), driver.Event()
-            copy(target, stream)
-            times = []
-            for _ in range(repeats):
-                start.record(stream)
-                copy(target, stream)
-                end.record(stream)
-                end.synchronize()
-                times.append(end.time_since(start) / 1e3)
+            stream = driver.Stream()
+            times = event_seconds(driver, stream, lambda: copy(target, stream), repeats)
         finally:
             context.memory.free(target)
     return statistics.median(times)
+
+
+def event_seconds(driver: Any, stream: Any, run: Callable[[], object], repeats: int) -> list[float]:
+    """The seconds of each of `repeats` calls of `run` (which queues work on `stream`), timed with CUDA events on the
+    stream, after one more call that warms up and is not counted: the device's time, not the host's."""
+    start, end = driver.Event(), driver.Event()
+    run()
+    seconds = []
+    for _ in range(repeats):
+        start.record(stream)
+        run()
+        end.record(stream)
+        end.synchronize()
+        seconds.append(end.time_since(start) / 1e3)
+    return seconds
 
 
 def _repeat(run: Callable[[], object], times: int) -> None:
