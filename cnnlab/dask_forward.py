@@ -6,7 +6,6 @@ from __future__ import annotations
 import atexit
 import math
 import os
-import queue
 import threading
 import warnings
 from collections.abc import Callable, Iterable
@@ -23,7 +22,7 @@ from cnnlab.files.formats import trailing_data_note
 from cnnlab.files.labcsv import read_cnn
 from cnnlab.files.safety import refuse_same_files
 from cnnlab.network import INPUT_DIM, OUT_LAYER_SIZE, Backend, Cnn, ImageBatch, first_nonfinite, nonfinite_error
-from cnnlab.run import make_backend, run_network
+from cnnlab.run import BackendOwner, make_backend, run_network
 
 if TYPE_CHECKING:
     import dask.array
@@ -99,41 +98,6 @@ def _outputs(images: np.ndarray, backend: Any) -> np.ndarray:
     return backend.forward(images)
 
 
-class _BackendThread:
-    """A backend on a thread of its own, which makes it (at its first job), runs every job and closes it: a CUDA context
-    is current only in the thread that made it, and a backend runs one batch at a time, from whatever threads a Dask
-    scheduler calls."""
-
-    def __init__(self, make: Callable[[], Backend]) -> None:
-        self._make = make
-        self._jobs: queue.SimpleQueue[tuple[Callable[[Backend], Any], Future] | None] = queue.SimpleQueue()
-        # A daemon: the interpreter's exit does not wait for it, and it still runs when atexit closes it.
-        self._thread = threading.Thread(target=self._serve, name="cnnlab-backend", daemon=True)
-        self._thread.start()
-
-    def submit(self, job: Callable[[Backend], Any]) -> Future:
-        future: Future = Future()
-        self._jobs.put((job, future))
-        return future
-
-    def _serve(self) -> None:
-        backend: Backend | None = None
-        while (item := self._jobs.get()) is not None:
-            job, future = item
-            try:
-                backend = backend or self._make()  # a failure to make it fails this job; the next tries again
-                future.set_result(job(backend))
-            except BaseException as error:
-                future.set_exception(error)
-        if backend is not None:
-            backend.close()
-
-    def close(self) -> None:
-        """Close the backend once the jobs already submitted are done."""
-        self._jobs.put(None)
-        self._thread.join()
-
-
 def _worker_backend(cnn: Cnn, gpu: int | None) -> Backend:
     """The command line's backend for the CPU (gpu None) or GPU `gpu`, on the host threads that suit a Dask worker."""
     if gpu is None:
@@ -144,21 +108,21 @@ def _worker_backend(cnn: Cnn, gpu: int | None) -> Backend:
 
 
 # This process's backends: for each device (a GPU's index, None for the CPU), the token of the CNN it holds and its
-# thread. A new CNN for a device replaces the old one's backend, so that a long-lived worker holds one backend (a GPU's
+# owner. A new CNN for a device replaces the old one's backend, so that a long-lived worker holds one backend (a GPU's
 # buffers) a device, not one a CNN.
-_BACKENDS: dict[int | None, tuple[str, _BackendThread]] = {}
+_BACKENDS: dict[int | None, tuple[str, BackendOwner]] = {}
 _BACKENDS_LOCK = threading.Lock()
 
 
 def _on_backend(cnn: Cnn, token: str, gpu: int | None, job: Callable[[Backend], Any]) -> Future:
     """Run `job` on this process's backend for the CNN (whose Dask token is `token`) on GPU `gpu` (None: the CPU), made
-    at the first job."""
+    at the first job; a backend that failed to be made fails the jobs queued for it, and the next job makes another."""
     with _BACKENDS_LOCK:  # submitted under the lock: a job is never queued behind a replaced backend's close
         held = _BACKENDS.get(gpu)
-        if held is None or held[0] != token:
+        if held is None or held[0] != token or held[1].failed:
             if held is not None:
                 held[1].close()
-            held = _BACKENDS[gpu] = (token, _BackendThread(partial(_worker_backend, cnn, gpu)))
+            held = _BACKENDS[gpu] = (token, BackendOwner(partial(_worker_backend, cnn, gpu), "cnnlab-backend"))
         return held[1].submit(job)
 
 
@@ -166,8 +130,8 @@ def _on_backend(cnn: Cnn, token: str, gpu: int | None, job: Callable[[Backend], 
 def _close_backends() -> None:
     """Close every backend as the process ends (a Dask worker's too): a GPU's context and buffers are freed in order."""
     with _BACKENDS_LOCK:
-        for _, thread in _BACKENDS.values():
-            thread.close()
+        for _, owner in _BACKENDS.values():
+            owner.close()
         _BACKENDS.clear()
 
 

@@ -12,64 +12,14 @@ is at hand.
 from __future__ import annotations
 
 import math
-import queue
-import threading
 from collections.abc import Callable
-from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
 
 from cnnlab.files.labcsv import CsvBatch
 from cnnlab.network import Backend, ImageBatch, OutputBatch, TextBatching
-
-
-class _Owner:
-    """A thread that makes one backend and runs every call on it, in order, until it closes it."""
-
-    def __init__(self, make: Callable[[], Backend], index: int) -> None:
-        self._calls: queue.Queue[tuple[Callable[[Backend], Any], Future[Any]] | None] = queue.Queue()
-        self._made: Future[Backend] = Future()
-        self._thread = threading.Thread(target=self._serve, args=(make,), name=f"cnnlab-gpu-{index}", daemon=True)
-        self._thread.start()
-
-    def _serve(self, make: Callable[[], Backend]) -> None:
-        try:
-            backend = make()
-        except BaseException as error:
-            self._made.set_exception(error)
-            return
-        self._made.set_result(backend)
-        try:
-            while (call := self._calls.get()) is not None:
-                work, done = call
-                try:
-                    done.set_result(work(backend))
-                except BaseException as error:
-                    done.set_exception(error)
-        finally:
-            backend.close()
-
-    def backend(self) -> Backend:
-        """The backend, once made (its error, where making it failed)."""
-        return self._made.result()
-
-    def submit(self, work: Callable[[Backend], Any]) -> Future[Any]:
-        done: Future[Any] = Future()
-        self._calls.put((work, done))
-        return done
-
-    def call(self, work: Callable[[Backend], Any]) -> Any:
-        return self.submit(work).result()
-
-    def close(self) -> None:
-        """Close the backend on its thread and wait for it, even through a second signal."""
-        self._calls.put(None)
-        while self._thread.is_alive():
-            try:
-                self._thread.join()
-            except BaseException:  # the backend is being closed: finish that first
-                continue
+from cnnlab.run import BackendOwner
 
 
 class Spread:
@@ -78,7 +28,7 @@ class Spread:
     name = "cuda"
 
     def __init__(self, makes: list[Callable[[], Backend]]) -> None:
-        self._owners = [_Owner(make, index) for index, make in enumerate(makes)]
+        self._owners = [BackendOwner(make, f"cnnlab-gpu-{index}") for index, make in enumerate(makes)]
         try:
             self._backends = [owner.backend() for owner in self._owners]
         except BaseException:
