@@ -15,6 +15,10 @@ import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import threading
 
 
 class Terminated(BaseException):
@@ -89,3 +93,16 @@ def exit_status() -> int | None:
         return None
     print(f"cnnlab: {SIGNAL_EXITS[_received[0]][1]}", file=sys.stderr)
     return 128 + _received[0]
+
+
+def join_through_signals(thread: threading.Thread) -> None:
+    """Wait for `thread` to end, even through a second signal, then raise the first signal's exception, if any: until it
+    has ended it may use what the caller frees next (page-locked buffers, a GPU's context)."""
+    interrupted: BaseException | None = None
+    while thread.is_alive():
+        try:
+            thread.join()
+        except BaseException as error:  # KeyboardInterrupt, or SIGTERM's exception
+            interrupted = interrupted or error
+    if interrupted is not None:
+        raise interrupted

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -24,11 +24,9 @@ from cnnlab.errors import ArrayError, InputFileError
 from cnnlab.files.formats import ImageReader, open_images, open_outputs
 from cnnlab.files.labcsv import CsvBatch, CsvImageReader
 from cnnlab.files.npy import VIEW_IMAGES, NpyImageReader
+from cnnlab.interrupts import join_through_signals
 from cnnlab.network import Backend, Cnn, ImageBatch, OutputBatch, first_nonfinite
 from cnnlab.progress import Progress
-
-if TYPE_CHECKING:
-    from concurrent.futures import Future
 
 Batch = ImageBatch | CsvBatch
 
@@ -103,83 +101,13 @@ class Prefetcher:
         if self._reader_stop is not None:
             self._reader_stop.set()
         self._empty.put(None)
-        interrupted: BaseException | None = None
-        while self._thread.is_alive():
-            try:
-                self._thread.join()
-            except BaseException as error:  # KeyboardInterrupt, or SIGTERM's exception
-                interrupted = interrupted or error
-        if interrupted is not None:
-            raise interrupted
+        join_through_signals(self._thread)
 
     def __enter__(self) -> Prefetcher:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-class BackendOwner:
-    """A backend made (at once), used and closed on a thread of its own, named `name`: a CUDA context is current only on
-    the thread that made it, and a backend computes one call at a time, whatever threads submit them."""
-
-    def __init__(self, make: Callable[[], Backend], name: str) -> None:
-        # Imported here, as in submit(): a run on the CPU from a mapped .npy file owns no backend on a thread, and its
-        # start-up then imports no concurrent.futures (nor logging, which that imports).
-        from concurrent.futures import Future
-
-        self._calls: queue.SimpleQueue[tuple[Callable[[Backend], Any], Future[Any]] | None] = queue.SimpleQueue()
-        self._made: Future[Backend] = Future()
-        # A daemon: the interpreter's exit does not wait for it, and it still runs when atexit closes it.
-        self._thread = threading.Thread(target=self._serve, args=(make,), name=name, daemon=True)
-        self._thread.start()
-
-    def _serve(self, make: Callable[[], Backend]) -> None:
-        try:
-            self._made.set_result(make())
-        except BaseException as error:  # backend() and every call raise it, until close()
-            self._made.set_exception(error)
-        try:
-            while (call := self._calls.get()) is not None:
-                work, done = call
-                try:
-                    done.set_result(work(self._made.result()))
-                except BaseException as error:
-                    done.set_exception(error)
-        finally:
-            if self._made.exception() is None:
-                self._made.result().close()
-
-    @property
-    def failed(self) -> bool:
-        """Whether making the backend failed (False while it is being made), so that a caller can make another."""
-        return self._made.done() and self._made.exception() is not None
-
-    def backend(self) -> Backend:
-        """The backend, once made (its error, where making it failed), for what may run on any thread."""
-        return self._made.result()
-
-    def submit(self, work: Callable[[Backend], Any]) -> Future[Any]:
-        """`work(backend)` run on the backend's thread, after every call submitted before it."""
-        from concurrent.futures import Future
-
-        done: Future[Any] = Future()
-        self._calls.put((work, done))
-        return done
-
-    def call(self, work: Callable[[Backend], Any]) -> Any:
-        """`work(backend)`'s result, run on the backend's thread, for a caller with nothing to do meanwhile."""
-        return self.submit(work).result()
-
-    def close(self) -> None:
-        """Close the backend on its thread once the calls already submitted are done, and wait for it even through a
-        second signal: the backend (a GPU's context) is always closed."""
-        self._calls.put(None)
-        while self._thread.is_alive():
-            try:
-                self._thread.join()
-            except BaseException:  # the backend is being closed: finish that first
-                continue
 
 
 def fill_images(reader: ImageReader, buffer: np.ndarray, stop: threading.Event) -> ImageBatch | None:
@@ -277,6 +205,7 @@ def run_network(
             loop_seconds = time.perf_counter() - loop_start
         finally:
             progress.finish()
+        reader.stop.clear()  # the run ended whole (closing the Prefetcher set it): finish() may wait for a pipe's end
         trailing = reader.finish()
     return RunStats(reader.count, work_seconds, loop_seconds, batch_size, trailing, startup_seconds)
 

@@ -279,3 +279,27 @@ def test_the_pages_examples_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
     for name in ("in1", "in2"):
         want = cnnlab_api.forward(cnnlab_api.load_images(tmp_path / "input" / f"{name}.csv"), cnn)
         assert read_output_rows(tmp_path / "out" / f"{name}.csv") == want.tolist()
+
+
+def test_a_backend_that_failed_to_be_made_is_made_again_for_the_next_job(monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator) -> None:
+    """A worker whose backend could not be made (a GPU busy for a moment) fails that job only: the next makes another."""
+    from cnnlab.cpu.backend import CpuBackend
+    from cnnlab.errors import DeviceError
+
+    attempts: list[int] = []
+
+    def flaky(cnn: Cnn, gpu: int | None) -> CpuBackend:
+        attempts.append(gpu)
+        if len(attempts) == 1:
+            raise DeviceError("GPU 3: busy")
+        return CpuBackend(cnn)
+
+    monkeypatch.setattr(dask_forward, "_worker_backend", flaky)
+    monkeypatch.setattr(dask_forward, "_BACKENDS", {})
+    cnn = random_cnn(rng)
+    with pytest.raises(DeviceError, match="busy"):
+        dask_forward._on_backend(cnn, "token", 3, lambda backend: backend.threads).result()
+    assert dask_forward._on_backend(cnn, "token", 3, lambda backend: backend.threads).result() >= 1
+    assert dask_forward._on_backend(cnn, "token", 3, lambda backend: backend.threads).result() >= 1
+    assert attempts == [3, 3]  # made again once, then kept
+    dask_forward._BACKENDS[3][1].close()

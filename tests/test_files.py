@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import BAD_INPUTS, input_lines, random_cnn, read_all_images, write_files
+from helpers import BAD_INPUTS, SUBPROCESS_ENV, cnnlab, input_lines, random_cnn, read_all_images, write_files
 
 from cnnlab.errors import InputFileError
 from cnnlab.files.formats import open_outputs, read_outputs
@@ -171,11 +176,54 @@ def test_a_call_unlike_the_one_announced_is_refused(tmp_path: Path, rng: np.rand
             reader.read_into(np.empty((3, 100, 100)))
 
 
+def _stalled_fifo(tmp_path: Path, text: bytes, stall: float) -> tuple[Path, threading.Thread]:
+    """A FIFO whose writer writes `text`, then holds the pipe open for `stall` seconds before closing it."""
+    fifo = tmp_path / "stalled.csv"
+    os.mkfifo(fifo)
+
+    def feed() -> None:
+        with open(fifo, "wb") as writer:
+            writer.write(text)
+            writer.flush()
+            time.sleep(stall)
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    return fifo, feeder
+
+
+def test_a_take_ahead_waiting_on_a_pipe_holds_up_neither_close_nor_exit(tmp_path: Path, rng: np.random.Generator) -> None:
+    """The second image's span is taken ahead while the writer stalls: close() returns at once, and an interpreter that
+    never closed the reader still exits (the take runs on a daemon thread)."""
+    _, input_path = write_files(tmp_path, random_cnn(rng), random_values(rng, 2, 100, 100))
+    one_image = b"".join(input_path.read_bytes().splitlines(keepends=True)[:101])
+    fifo, feeder = _stalled_fifo(tmp_path, one_image, 30)
+    reader = CsvImageReader(fifo, 1)
+    assert reader.read_into(np.empty((1, 100, 100)), 1) == 1
+    start = time.monotonic()
+    reader.close()
+    assert time.monotonic() - start < 5
+    os.unlink(fifo)
+    fifo, feeder = _stalled_fifo(tmp_path, one_image, 30)
+    script = (
+        "import sys, numpy as np; from cnnlab.files.labcsv import CsvImageReader; "
+        "reader = CsvImageReader(sys.argv[1], 1); print(reader.read_into(np.empty((1, 100, 100)), 1))"
+    )
+    result = subprocess.run([sys.executable, "-c", script, str(fifo)], env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=20)
+    assert result.returncode == 0 and result.stdout == "1\n", result.stderr
+
+
+def test_a_pipe_whose_writer_closes_late_ends_the_run_whole(tmp_path: Path, rng: np.random.Generator) -> None:
+    """The run's end checks the pipe for data after the N images: it waits for the writer to close it."""
+    cnn_path, input_path = write_files(tmp_path, random_cnn(rng), random_values(rng, 3, 100, 100))
+    fifo, feeder = _stalled_fifo(tmp_path, input_path.read_bytes(), 0.5)
+    assert cnnlab("cpu", cnn_path, fifo, tmp_path / "piped.csv").returncode == 0
+    assert cnnlab("cpu", cnn_path, input_path, tmp_path / "filed.csv").returncode == 0
+    assert (tmp_path / "piped.csv").read_bytes() == (tmp_path / "filed.csv").read_bytes()
+
+
 def test_a_pipe_reads_as_the_file_does(tmp_path: Path, rng: np.random.Generator) -> None:
     """Through a FIFO, written a few KB at a time, the reader gives the same images as from the file."""
-    import os
-    import threading
-
     _, input_path = write_files(tmp_path, random_cnn(rng), random_values(rng, 40, 100, 100))
     text = input_path.read_bytes()
     fifo = tmp_path / "fifo.csv"

@@ -22,7 +22,7 @@ from cnnlab.cuda.spread import Spread
 from cnnlab.errors import DeviceError
 from cnnlab.files.labcsv import CsvImageReader, read_output_rows
 from cnnlab.generate import random_values
-from cnnlab.network import Cnn, ImageBatch
+from cnnlab.network import BackendOwner, Cnn, ImageBatch
 from cnnlab.run import run_network
 
 GPU = pytest.mark.skipif(why_no_gpu() is not None, reason=str(why_no_gpu()))
@@ -179,3 +179,21 @@ def test_the_driver_starts_the_gpus_the_command_names(arguments: list[str], star
     from cnnlab.__main__ import _gpus_named
 
     assert _gpus_named(["cnn.csv", "in.csv", "out.csv", *arguments]) == started
+
+
+def test_an_owner_whose_backend_cannot_be_made_raises_that_error_for_every_call(rng: np.random.Generator) -> None:
+    """The error making the backend raised, from backend() and from every call; close() returns, with nothing to close."""
+
+    def cannot_start() -> StandIn:
+        raise DeviceError("GPU 1: no such device")
+
+    owner = BackendOwner(cannot_start, "cnnlab-gpu-1")
+    with pytest.raises(DeviceError, match="no such device"):
+        owner.backend()
+    assert owner.failed
+    with pytest.raises(DeviceError, match="no such device"):
+        owner.call(lambda backend: backend.compute(ImageBatch(random_values(rng, 1, 100, 100))))
+    owner.close()
+    made = BackendOwner(partial(StandIn, random_cnn(rng)), "cnnlab-gpu-0")
+    assert made.call(lambda backend: threading.current_thread().name) == "cnnlab-gpu-0" and not made.failed
+    made.close()

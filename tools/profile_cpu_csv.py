@@ -9,7 +9,7 @@ in memory, one equal piece per thread: the parser alone), pieces (the same text 
 (CsvImageReader over the whole file: reading, cutting and parsing as a run does). Each is the median of
 --repeats; the last column is the reader's scaling against its one-thread rate (1.0: linear). Then, on the most
 threads, the reader again with other shares of its threads reading ahead (labcsv.READ_AHEAD_SHARE) and other
-images a step per thread (its PARSE_IMAGES), to choose them.
+images a step per thread (its STEP_IMAGES), to choose them.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from cnnlab.bench.report import median_rate  # noqa: E402
 from cnnlab.cpu._forward import Forward  # noqa: E402
 from cnnlab.files import labcsv  # noqa: E402
-from cnnlab.files.labcsv import PARSE_IMAGES, CsvImageReader  # noqa: E402
+from cnnlab.files.labcsv import PARSE_IMAGES, STEP_IMAGES, CsvImageReader  # noqa: E402
 from cnnlab.files.lines import native  # noqa: E402
 from cnnlab.network import INPUT_DIM  # noqa: E402
 
@@ -88,10 +88,10 @@ def main() -> int:
             parse_rate = median_rate(text, lambda: parse(equal, equal_offsets), args.repeats)  # noqa: B023
             pieces_rate = median_rate(text, lambda: parse(small, offsets), args.repeats)  # noqa: B023
 
-        def read_all(threads: int = threads, per_thread: int = PARSE_IMAGES) -> None:
+        def read_all(threads: int = threads, per_thread: int = STEP_IMAGES) -> None:
             with CsvImageReader(args.path, threads) as reader:
                 buffer = np.empty((per_thread * threads, INPUT_DIM, INPUT_DIM))
-                while reader.read_into(buffer):
+                while reader.read_into(buffer, len(buffer)):  # as a run reads: the next step taken while one parses
                     pass
 
         reader_rate = median_rate(text, read_all, args.repeats)

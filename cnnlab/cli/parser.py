@@ -24,7 +24,10 @@ class _Formatter(argparse.HelpFormatter):
 
 def terminal_columns() -> int:
     """$COLUMNS where set, else standard output's terminal's width, else 80: shutil.get_terminal_size's columns."""
-    columns = int(os.environ["COLUMNS"]) if os.environ.get("COLUMNS", "").isdigit() else 0
+    try:
+        columns = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        columns = 0
     if columns <= 0:
         try:
             columns = os.get_terminal_size(sys.__stdout__.fileno()).columns
@@ -37,7 +40,8 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but bad usage is one line on stderr and exit status 2."""
 
     def __init__(self, **options: Any) -> None:
-        super().__init__(formatter_class=_Formatter, **options)
+        options.setdefault("formatter_class", _Formatter)
+        super().__init__(**options)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(f"{message} (see {self.prog} --help)")

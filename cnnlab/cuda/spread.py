@@ -18,8 +18,7 @@ from typing import Any
 import numpy as np
 
 from cnnlab.files.labcsv import CsvBatch
-from cnnlab.network import Backend, ImageBatch, OutputBatch, TextBatching
-from cnnlab.run import BackendOwner
+from cnnlab.network import Backend, BackendOwner, ImageBatch, OutputBatch, TextBatching
 
 
 class Spread:

@@ -27,7 +27,7 @@ class ImageReader(Protocol):
 
     def read_into(self, out: np.ndarray, next_images: int = 0) -> int:
         """Fill the leading images of `out` with the next ones; return how many. `next_images`: how many the next call
-        will ask for (0: unknown), which a reader may prepare meanwhile."""
+        will ask for (0: unknown), which a reader may prepare meanwhile; the next call must then ask for that many."""
         ...
 
     def finish(self) -> int | None:

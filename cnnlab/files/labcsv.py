@@ -9,9 +9,9 @@ import os
 import re
 import stat
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -30,9 +30,6 @@ from cnnlab.network import (
     default_threads,
     unsized_capacity,
 )
-
-if TYPE_CHECKING:
-    from concurrent.futures import Future
 
 # Images per parse task in Python (no native parser): a block of ~3 MB of text, large enough to amortise a task.
 PARSE_IMAGES = 16
@@ -172,8 +169,7 @@ class CsvImageReader:
         self.path = path
         threads = threads or default_threads()
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="cnnlab-parse")
-        self._taker = ThreadPoolExecutor(1, thread_name_prefix="cnnlab-take")  # the next call's span, while this one parses
-        self._taken: tuple[int, Future[Span]] | None = None  # (images, span) taken for the next read_into()
+        self._taken: SpanAhead | None = None  # the next read_into()'s span, taken while this one's parses
         self._parsers = native.Pool(threads) if native is not None else None  # native threads: a piece hands off in microseconds
         self._file = open_for_reading(path)
         try:
@@ -216,7 +212,7 @@ class CsvImageReader:
         span = self._take(wanted)
         then = max(0, min(next_images, self.count - self.images_read - wanted))
         if then and span.rows == wanted * INPUT_DIM:
-            self._taken = (then, self._taker.submit(self._take_now, then))
+            self._taken = SpanAhead(self._take_now, then)
         self._parse(span, out.reshape(-1))
         if span.rows < wanted * INPUT_DIM:
             self._raise_truncated(span.rows)
@@ -227,10 +223,10 @@ class CsvImageReader:
         """The span of the next `images` images: the one taken ahead for them, else taken now."""
         if self._taken is None:
             return self._take_now(images)
-        (promised, taken), self._taken = self._taken, None
-        span = taken.result()  # its error (a line too long) here: after every line before it was parsed
-        if promised != images:
-            raise ValueError(f"read_into: asked for {images} images where the call before said {promised} would follow")
+        taken, self._taken = self._taken, None
+        span = taken.result()  # its error (a line too long, say) here: after every span before it was parsed
+        if taken.images != images:
+            raise ValueError(f"read_into: asked for {images} images where the call before said {taken.images} would follow")
         return span
 
     def _take_now(self, images: int) -> Span:
@@ -265,12 +261,14 @@ class CsvImageReader:
     def reserve_text(self, images: int) -> None:
         """Make the windows hold the text of `images` images (from the file's bytes per image) before read_text
         reads batches that size: page-locked windows are made before the run, as its image buffers are."""
+        assert self._taken is None, "reserve_text() after read_into() that takes ahead"
         row_bytes = min(self._source.row_bytes, REPR_ROW_BYTES)  # a file mostly past its N images says little of them
         self._source.reserve(int(1.1 * row_bytes * INPUT_DIM * min(images, self.count)) + READ_BYTES // 32)
 
     def read_text(self, images: int, chunk: int) -> CsvBatch | None:
         """The text of the next `images` images (fewer at the end), unparsed, cut into chunks of
         `chunk` images; None when all were read."""
+        assert self._taken is None, "read_text() after read_into() that takes ahead"
         wanted = max(0, min(images, self.count - self.images_read))
         if not wanted:
             return None
@@ -290,11 +288,13 @@ class CsvImageReader:
 
     def finish(self) -> int | None:
         """After all N images: the number of the first non-blank line that follows them, if any."""
+        assert self._taken is None, "finish() before the images taken ahead were read"
         return self._source.lines_taken if self._source.take(1).rows else None
 
     def close(self) -> None:
-        self.stop.set()  # a take ahead that waits on a pipe gives up
-        self._taker.shutdown()  # before the pool and the windows go: a take ahead uses them
+        if self._taken is not None:  # before the pool and the windows go: a take ahead uses them
+            self.stop.set()  # and if it waits on a pipe, it gives up
+            self._taken.wait()
         self._pool.shutdown()
         if self._parsers is not None:
             self._parsers.close()
@@ -307,6 +307,34 @@ class CsvImageReader:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+class SpanAhead:
+    """The span of the next read_into()'s `images` images, taken by `take` on a thread of its own while this call's
+    parse: a daemon thread, so that a take waiting on a pipe never holds up the interpreter's exit."""
+
+    def __init__(self, take: Callable[[int], Span], images: int) -> None:
+        self.images = images
+        self._span: Span | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._take, args=(take,), name="cnnlab-take", daemon=True)
+        self._thread.start()
+
+    def _take(self, take: Callable[[int], Span]) -> None:
+        try:
+            self._span = take(self.images)
+        except BaseException as error:  # raised by result(), on the reader's thread
+            self._error = error
+
+    def wait(self) -> None:
+        self._thread.join()
+
+    def result(self) -> Span:
+        self.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._span is not None
+        return self._span
 
 
 def _runs(pieces: list[Span]) -> tuple[tuple[int, int, int], ...]:
