@@ -64,7 +64,8 @@ class Prefetcher:
         self, read: Callable[[Any, threading.Event], Batch | None], slots: list[Any], reader_stop: threading.Event | None = None
     ) -> None:
         self._read_batch = read
-        self._reader_stop = reader_stop  # the reader's own: set on close, it ends a read that waits on a pipe
+        self._reader_stop = reader_stop  # the reader's own: set on an early close, it ends a read that waits on a pipe
+        self._read_all = False  # the reader said it was done: nothing is left to stop, and the reader may read on
         self._empty: queue.Queue[tuple[Any] | None] = queue.Queue()
         self._full: queue.Queue[tuple[Any, Batch | None] | BaseException] = queue.Queue()
         for slot in slots:
@@ -90,6 +91,7 @@ class Prefetcher:
                 raise item
             slot, batch = item
             if batch is None:
+                self._read_all = True
                 return
             yield batch
             self._empty.put((slot,))
@@ -98,7 +100,7 @@ class Prefetcher:
         """Stop the thread and wait for it, even through a second signal: until it has stopped it may write
         into the buffers (page-locked, for the GPU) that the caller frees next."""
         self._closed.set()
-        if self._reader_stop is not None:
+        if self._reader_stop is not None and not self._read_all:  # a run that ended whole leaves it: finish() reads on
             self._reader_stop.set()
         self._empty.put(None)
         join_through_signals(self._thread)
@@ -205,7 +207,6 @@ def run_network(
             loop_seconds = time.perf_counter() - loop_start
         finally:
             progress.finish()
-        reader.stop.clear()  # the run ended whole (closing the Prefetcher set it): finish() may wait for a pipe's end
         trailing = reader.finish()
     return RunStats(reader.count, work_seconds, loop_seconds, batch_size, trailing, startup_seconds)
 
