@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import threading
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,7 +18,7 @@ import numpy as np
 from cnnlab.arrays import device_array, gpu_index, host_images
 from cnnlab.cpu.backend import CpuBackend
 from cnnlab.errors import ArrayError, UsageError
-from cnnlab.files.formats import ImageReader, open_images, trailing_data_note
+from cnnlab.files.formats import open_images
 from cnnlab.files.labcsv import read_cnn
 from cnnlab.network import INPUT_DIM, OUT_LAYER_SIZE, Cnn, ImageBatch, require_finite
 from cnnlab.run import fill_images
@@ -45,7 +44,7 @@ def load_images(path: str | os.PathLike) -> np.ndarray:
     with open_images(path) as reader:
         images = np.empty((reader.count, INPUT_DIM, INPUT_DIM))
         fill_images(reader, images, threading.Event())
-        _warn_trailing(path, reader)
+        reader.finish()
     return images
 
 
@@ -63,13 +62,7 @@ def load_image_batches(path: str | os.PathLike, batch: int = 1024) -> Iterator[n
             images = np.empty((min(batch, left), INPUT_DIM, INPUT_DIM))
             fill_images(reader, images, threading.Event())
             yield images
-        _warn_trailing(path, reader)
-
-
-def _warn_trailing(path: str | os.PathLike, reader: ImageReader) -> None:
-    note = trailing_data_note(path, reader.count, reader.finish())
-    if note is not None:
-        warnings.warn(note, stacklevel=3)
+        reader.finish()
 
 
 def forward(images: Any, cnn: Cnn, device: Any = "cpu", out: Any = None) -> Any:

@@ -7,7 +7,6 @@ import atexit
 import math
 import os
 import threading
-import warnings
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from functools import partial
@@ -18,7 +17,6 @@ import numpy as np
 
 from cnnlab.arrays import gpu_index, image_count
 from cnnlab.errors import ArrayError, UsageError
-from cnnlab.files.formats import trailing_data_note
 from cnnlab.files.labcsv import read_cnn
 from cnnlab.files.safety import refuse_same_files
 from cnnlab.network import INPUT_DIM, OUT_LAYER_SIZE, Backend, BackendOwner, Cnn, ImageBatch, first_nonfinite, nonfinite_error
@@ -150,8 +148,7 @@ def run_files(
     process). The CNN file is read here, once, and the CNN sent once to each worker; the input files are read and the
     outputs written by the workers, at the same absolute paths (a relative one is taken from this process's working
     directory), so on many hosts they must lie on a file system all of them share. Each worker runs its files on the
-    backend it keeps for this CNN and device, as forward_blocks does. A warning is issued here for each input with data
-    after its N matrices, as the command line warns.
+    backend it keeps for this CNN and device, as forward_blocks does.
     """
     import dask
     from dask.base import tokenize
@@ -169,13 +166,10 @@ def run_files(
         dask.delayed(_run_file, pure=False)(cnn_once, token, gpu, path.absolute(), output.absolute())
         for path, output in zip(inputs, outputs)
     ]
-    for note in dask.compute(*tasks, scheduler=client):
-        if note is not None:
-            warnings.warn(note, stacklevel=2)
+    dask.compute(*tasks, scheduler=client)
     return outputs
 
 
-def _run_file(cnn: Cnn, token: str, gpu: int | None, input_path: Path, output_path: Path) -> str | None:
-    """One input file's run, as the command line's, on this process's backend; what to warn of its input, if anything."""
-    stats = _on_backend(cnn, token, gpu, lambda backend: run_network(backend, input_path, output_path)).result()
-    return trailing_data_note(input_path, stats.images, stats.trailing_data_line)
+def _run_file(cnn: Cnn, token: str, gpu: int | None, input_path: Path, output_path: Path) -> None:
+    """One input file's run, as the command line's, on this process's backend."""
+    _on_backend(cnn, token, gpu, lambda backend: run_network(backend, input_path, output_path)).result()

@@ -39,7 +39,6 @@ class RunStats:
     work_seconds: float  # in compute() alone: the lab's "actual work"
     loop_seconds: float  # the whole loop: reading, computing and writing, as they overlap
     batch_size: int
-    trailing_data_line: int | None  # first line after the N-th matrix that holds data, if any
     startup_seconds: float | None  # from the process's start to its first batch handed to the backend
 
     @property
@@ -207,8 +206,8 @@ def run_network(
             loop_seconds = time.perf_counter() - loop_start
         finally:
             progress.finish()
-        trailing = reader.finish()
-    return RunStats(reader.count, work_seconds, loop_seconds, batch_size, trailing, startup_seconds)
+        reader.finish()
+    return RunStats(reader.count, work_seconds, loop_seconds, batch_size, startup_seconds)
 
 
 def _non_finite_image(input_path: str | os.PathLike, batch: Batch, first_image: int) -> InputFileError:

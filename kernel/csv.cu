@@ -311,12 +311,16 @@ csv_index_rows(const unsigned char *__restrict__ block, int nbytes, const Seg *_
 // row's trailing '\r's are dropped; the warp walks it in 512-byte windows (16 bytes a lane, one
 // load), each lane finding its commas and non-text bytes as bit masks; a warp scan of the lanes'
 // comma counts numbers the commas, and each lane writes its commas' offsets to ends[row][field]
-// (the end of field `field`; ends[row][99] = the row's end). A row with other than 99 commas or
-// a byte that is not text is reported (atomicMin) and marked bad for csv_parse_fields
-// (spans[row].y = -1). Grid: ceil(rows / 8) blocks (or fewer: it strides) of CSV_SPLIT_THREADS.
+// (the end of field `field`; ends[row][99] = the row's end). A row with other than 99 commas, a
+// byte that is not text, or that stands where lab_csv.h's blank-line rule does not let it (row r
+// is the file's row file_row + r of images of matrix_rows rows, 0: no rule; a blank line comes
+// before it where its span starts past the end of the row before, or, for row 0, past the block's
+// start, since a block starts just after a row) is reported (atomicMin) and marked bad for
+// csv_parse_fields (ends[row][99] = -1). Grid: ceil(rows / 8) blocks (or fewer: it strides) of
+// CSV_SPLIT_THREADS.
 extern "C" __global__ void __launch_bounds__(CSV_SPLIT_THREADS)
-csv_split_rows(const unsigned char *__restrict__ block, int nbytes, int2 *__restrict__ spans, int rows,
-               int *__restrict__ ends, CsvStatus *__restrict__ status)
+csv_split_rows(const unsigned char *__restrict__ block, int nbytes, const int2 *__restrict__ spans, int rows,
+               int *__restrict__ ends, CsvStatus *__restrict__ status, long long file_row, int matrix_rows, int separated)
 {
     const int lane = threadIdx.x % WARP;
     const int count = min(rows, status->lines);
@@ -324,6 +328,8 @@ csv_split_rows(const unsigned char *__restrict__ block, int nbytes, int2 *__rest
         const int2 span = spans[row];
         const int start = span.x;
         int end = span.y;
+        const bool blank_before = start > (row == 0 ? 0 : spans[row - 1].y + 1);
+        const bool placed = lab_row_placed(file_row + row, matrix_rows, separated != 0, blank_before);
         while (end > start && block[end - 1] == '\r')
             --end;
         int *row_ends = ends + (long long)row * CSV_WIDTH;
@@ -358,9 +364,9 @@ csv_split_rows(const unsigned char *__restrict__ block, int nbytes, int2 *__rest
             bad = __any_sync(0xffffffffu, other != 0) || commas > CSV_WIDTH - 1;
         }
         if (lane == 0) {
-            if (bad || commas != CSV_WIDTH - 1) {
+            if (bad || commas != CSV_WIDTH - 1 || !placed) {
                 atomicMin(&status->bad_row, row);
-                spans[row].y = -1;
+                row_ends[CSV_WIDTH - 1] = -1;
             } else {
                 row_ends[CSV_WIDTH - 1] = end;
             }
@@ -382,7 +388,7 @@ csv_parse_fields(const unsigned char *__restrict__ block, const int2 *__restrict
         return;
     const int row = (int)(i / CSV_WIDTH), field = (int)(i % CSV_WIDTH);
     const int2 span = spans[row];
-    if (span.y < 0)  // a bad row, already reported
+    if (ends[(long long)row * CSV_WIDTH + CSV_WIDTH - 1] < 0)  // a bad row, already reported
         return;
     const int from = field == 0 ? span.x : ends[i - 1] + 1, to = ends[i];
     const char *text = reinterpret_cast<const char *>(block);

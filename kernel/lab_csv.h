@@ -75,6 +75,18 @@ LAB_FN bool lab_line_is_blank(const char *begin, const char *end)
     return true;
 }
 
+// Where blank lines may stand in a file of matrices of `matrix_rows` rows each (the input file's
+// images after its count line; the CNN file's filters, then its weights): between matrices only.
+// A file either has one or more blank lines before every matrix after the first ("separated", as
+// the lab writes one after each) or none after its first row, so that a matrix of 99 or 101 rows
+// puts a blank line (or its absence) out of place wherever the blank lines fall. Row `row` counts
+// the rows from the first matrix's first (0), which may follow blank lines or not; matrix_rows 0
+// sets no rule (an output file). True where the row stands where the rule lets it.
+LAB_FN bool lab_row_placed(long long row, long long matrix_rows, bool separated, bool blank_before)
+{
+    return matrix_rows <= 0 || row == 0 || blank_before == (separated && row % matrix_rows == 0);
+}
+
 // The end of the line [begin, end) (without its '\n') once its trailing '\r's are dropped.
 LAB_FN const char *lab_line_content_end(const char *begin, const char *end)
 {

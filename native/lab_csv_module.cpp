@@ -32,19 +32,27 @@
 //       file's end); parts: (start, end, summary...) for each piece of that run, in order, summary
 //       as summarize gives it. OSError where a read fails.
 //
-//   parse_rows(data, start, end, width, out) -> int
+//   parse_rows(data, start, end, width, out[, bound, first_row, matrix_rows, separated]) -> int
 //       Parse every non-blank line of data[start:end] (whole lines: data[end-1] must be '\n'
 //       unless start == end) as `width` comma-separated numbers into `out`, a writable
 //       C-contiguous float64 buffer: non-blank line i fills out[i*width:(i+1)*width]. Returns -1
 //       when every line was good; otherwise the 0-based index, among the range's non-blank lines,
 //       of the first line that is not (a byte that is not text after the trailing '\r's are
 //       dropped, a field count other than `width`, a field float() refuses, '_', a value that is
-//       not finite). Lines before it are written; it and the lines after may be partly written.
+//       not finite, or a row that breaks lab_csv.h's blank-line rule: row i is row first_row + i
+//       of matrices of matrix_rows rows (0, the default: no rule), and whether a blank line comes
+//       before the range's first line is read back from data down to `bound`, the start of the
+//       span it lies in, default `start`). Lines before it are written; it and the lines after may be partly written.
 //       Values are exactly float()'s: lab_csv.h's, or std::from_chars where lab_csv.h cannot
 //       prove the rounding.
 //       ValueError: out holds fewer than (non-blank lines of the range) * width values (checked
 //       before any bad-line index is returned), width < 1, offsets out of range, a range that does
 //       not end at a line end. TypeError/BufferError: out is not a writable contiguous float64 buffer.
+//
+//   parse_pieces(pool, data, pieces, width, out[, bound, first_row, matrix_rows, separated]) -> int
+//       parse_rows for each piece (start, end, rows before it in out) of an int64 array of such
+//       triples, on the pool's threads; first_row is the row of out's first. -1 if all were
+//       good, else the index of the first piece (in order) that holds a bad line.
 //
 //   format_rows(values) -> str
 //       A C-contiguous 2-D float64 array as CSV lines, each value exactly as Python's repr() writes
@@ -365,29 +373,60 @@ PyObject *read_summarized(PyObject *, PyObject *args)
     return result;
 }
 
+// Where a range's rows stand among the file's matrices, for lab_csv.h's blank-line rule.
+struct RowPlace {
+    Py_ssize_t bound = 0;        // the start of the span the range lies in: no line before it is looked at
+    long long first_row = 0;     // the range's first row, counted from the first matrix's first (0)
+    long long matrix_rows = 0;   // rows a matrix; 0: no rule
+    bool separated = false;      // the file has a blank line before each matrix after the first
+};
+
+// Whether the line that ends just before `start` (a line start after `bound`) is blank. A span starts just after
+// a row (or the count line), so at `bound` the line before is not blank. Walks back over blank bytes only: a row
+// ends in a digit, so this looks at a byte or two.
+bool line_before_is_blank(const char *base, Py_ssize_t bound, Py_ssize_t start)
+{
+    if (start <= bound)
+        return false;
+    for (Py_ssize_t at = start - 1; at > bound; --at) {  // base[start - 1] is the line's '\n'
+        const unsigned char c = static_cast<unsigned char>(base[at - 1]);
+        if (c == '\n')
+            return true;
+        if (!lab_is_blank_byte(c))
+            return false;
+    }
+    return true;
+}
+
 // Parse the non-blank lines of [base + start, base + stop) (whole lines) into values, `width` a row, at most
-// max_rows rows. -1 when every line was good, else the index of the first bad one among the non-blank lines;
-// *needed: the rows the range holds (counted past a bad line, or past max_rows, for the caller's check).
+// max_rows rows. -1 when every line was good and stood where the blank-line rule lets it (`place`), else the
+// index of the first bad one among the non-blank lines; *needed: the rows the range holds (counted past a bad
+// line, or past max_rows, for the caller's check).
 Py_ssize_t parse_range(const char *base, Py_ssize_t start, Py_ssize_t stop, Py_ssize_t width, double *values, Py_ssize_t max_rows,
-                       Py_ssize_t *needed)
+                       Py_ssize_t *needed, const RowPlace &place)
 {
     const char *const end = base + stop;
     const char *p = base + start;
     Py_ssize_t row = 0;
+    bool blank_before = place.matrix_rows > 0 && line_before_is_blank(base, place.bound, start);
     while (p < end) {
         const char *nl = static_cast<const char *>(std::memchr(p, '\n', end - p));  // found: the range ends with '\n'
         const char *line = p;
         p = nl + 1;
-        if (line == nl || (lab_is_blank_byte((unsigned char)*line) && lab_line_is_blank(line, nl)))
+        if (line == nl || (lab_is_blank_byte((unsigned char)*line) && lab_line_is_blank(line, nl))) {
+            blank_before = true;
             continue;
+        }
         if (row >= max_rows) {
             *needed = row + count_rows(line, end);
             return -1;
         }
-        if (!parse_row(line, lab_line_content_end(line, nl), width, values + row * width)) {
+        if (!lab_row_placed(place.first_row + row, place.matrix_rows, place.separated, blank_before) ||
+            !parse_row(line, lab_line_content_end(line, nl), width, values + row * width)) {
             *needed = row + count_rows(line, end);
             return row;
         }
+        blank_before = false;
         ++row;
     }
     *needed = row;
@@ -431,8 +470,15 @@ PyObject *parse_rows(PyObject *, PyObject *args)
 {
     PyObject *data_obj, *out_obj;
     Py_ssize_t start, stop, width;
-    if (!PyArg_ParseTuple(args, "OnnnO:parse_rows", &data_obj, &start, &stop, &width, &out_obj))
+    RowPlace place;
+    place.bound = -1;
+    int separated = 0;
+    if (!PyArg_ParseTuple(args, "OnnnO|nLLp:parse_rows", &data_obj, &start, &stop, &width, &out_obj, &place.bound, &place.first_row,
+                          &place.matrix_rows, &separated))
         return nullptr;
+    place.separated = separated;
+    if (place.bound < 0)
+        place.bound = start;
     Buffer data, out;
     if (!data.get(data_obj, PyBUF_SIMPLE) || !float64_out(out_obj, &out, "parse_rows"))
         return nullptr;
@@ -443,11 +489,16 @@ PyObject *parse_rows(PyObject *, PyObject *args)
     }
     if (!whole_lines(base, data.view.len, start, stop, "parse_rows"))
         return nullptr;
+    if (place.bound > start || place.first_row < 0) {
+        PyErr_Format(PyExc_ValueError, "parse_rows: bound %zd after start %zd, or first row %lld below 0", place.bound, start,
+                     place.first_row);
+        return nullptr;
+    }
     const Py_ssize_t capacity = out.view.len / 8;
     double *values = static_cast<double *>(out.view.buf);
     Py_ssize_t bad, needed_rows;
     Py_BEGIN_ALLOW_THREADS
-    bad = parse_range(base, start, stop, width, values, capacity / width, &needed_rows);
+    bad = parse_range(base, start, stop, width, values, capacity / width, &needed_rows, place);
     Py_END_ALLOW_THREADS
     if (needed_rows > capacity / width) {
         PyErr_Format(PyExc_ValueError, "parse_rows: out holds %zd values, the range's %zd non-blank lines need %zd", capacity,
@@ -511,8 +562,12 @@ PyObject *parse_pieces(PyObject *, PyObject *args)
 {
     PyObject *pool_obj, *data_obj, *pieces_obj, *out_obj;
     Py_ssize_t width;
-    if (!PyArg_ParseTuple(args, "O!OOnO:parse_pieces", &PoolType, &pool_obj, &data_obj, &pieces_obj, &width, &out_obj))
+    RowPlace span;  // bound: where the pieces' span starts; first_row: the row of out's first
+    int separated = 0;
+    if (!PyArg_ParseTuple(args, "O!OOnO|nLLp:parse_pieces", &PoolType, &pool_obj, &data_obj, &pieces_obj, &width, &out_obj, &span.bound,
+                          &span.first_row, &span.matrix_rows, &separated))
         return nullptr;
+    span.separated = separated;
     cnnlab::Pool *pool = reinterpret_cast<PoolObject *>(pool_obj)->pool;
     if (!pool) {
         PyErr_SetString(PyExc_ValueError, "parse_pieces: the pool is closed");
@@ -538,6 +593,11 @@ PyObject *parse_pieces(PyObject *, PyObject *args)
         const long long next_row = i + 1 < count ? bounds[3 * i + 5] : rows;
         if (!whole_lines(base, data.view.len, bounds[3 * i], bounds[3 * i + 1], "parse_pieces"))
             return nullptr;
+        if (bounds[3 * i] < span.bound || span.first_row < 0) {
+            PyErr_Format(PyExc_ValueError, "parse_pieces: piece %zd starts before the bound %zd, or first row %lld below 0", i,
+                         span.bound, span.first_row);
+            return nullptr;
+        }
         if (bounds[3 * i + 2] < 0 || next_row < bounds[3 * i + 2] || next_row > rows) {
             PyErr_Format(PyExc_ValueError, "parse_pieces: piece %zd's rows [%lld, %lld) are not within out's %zd", i, bounds[3 * i + 2],
                          next_row, rows);
@@ -552,7 +612,9 @@ PyObject *parse_pieces(PyObject *, PyObject *args)
             for (Py_ssize_t i; (i = next.fetch_add(1)) < count;) {
                 const long long first = bounds[3 * i + 2], room = (i + 1 < count ? bounds[3 * i + 5] : rows) - first;
                 Py_ssize_t needed;
-                const Py_ssize_t bad = parse_range(base, bounds[3 * i], bounds[3 * i + 1], width, values + first * width, room, &needed);
+                RowPlace place = span;
+                place.first_row += first;
+                const Py_ssize_t bad = parse_range(base, bounds[3 * i], bounds[3 * i + 1], width, values + first * width, room, &needed, place);
                 if (needed > room)
                     overfull = i;
                 if (bad >= 0) {
@@ -693,11 +755,11 @@ PyMethodDef methods[] = {
      "read_summarized(fd, window, at, nbytes, offset, threads) -> (count, parts)\n\n"
      "Fill window[at:at + nbytes] from fd at offset with `threads` reads at once, each part summarized."},
     {"parse_rows", parse_rows, METH_VARARGS,
-     "parse_rows(data, start, end, width, out) -> int\n\n"
+     "parse_rows(data, start, end, width, out[, bound, first_row, matrix_rows, separated]) -> int\n\n"
      "Parse the non-blank lines of data[start:end] as `width` numbers each into the float64 buffer\n"
      "`out`; -1 if all were good, else the index among the non-blank lines of the first bad one."},
     {"parse_pieces", parse_pieces, METH_VARARGS,
-     "parse_pieces(pool, data, pieces, width, out) -> int\n\n"
+     "parse_pieces(pool, data, pieces, width, out[, bound, first_row, matrix_rows, separated]) -> int\n\n"
      "parse_rows for every piece of `pieces` (an int64 array of (start, end, first row) triples; a piece's rows run to the next\n"
      "piece's first row, the last's to the end of `out`), on the pool's threads; -1 if all were good, else the first bad piece."},
     {"format_rows", format_rows, METH_O,

@@ -133,6 +133,7 @@ def read_all_images(path: Path, batch: int = 3, ahead: bool = True) -> np.ndarra
             out[done : done + count] = buffer[:count]
             done += count
         assert done == reader.count
+        reader.finish()
     return out
 
 
@@ -160,8 +161,19 @@ BAD_INPUTS = {
     "N not a number": (lambda lines: ["two"] + lines[1:], 1, "positive integer"),
     "N zero": (lambda lines: ["0"] + lines[1:], 1, "positive integer"),
     "N negative": (lambda lines: ["-2"] + lines[1:], 1, "positive integer"),
-    "N larger than the matrices": (lambda lines: ["3"] + lines[1:], 202, "after 2 of the 3 matrices"),
-    "truncated last matrix": (lambda lines: lines[:150], 150, "matrix 2 has only 48 of its 100 lines"),
+    "N larger than the matrices": (lambda lines: ["3"] + lines[1:], 202, "file ends after 2 of the 3 images the first line announces"),
+    "N smaller than the matrices": (lambda lines: ["1"] + lines[1:], 103, "data after the 1 images the first line announces"),
+    "truncated last matrix": (lambda lines: lines[:150], 150, "file ends inside image 2 of the 2 the first line announces, after 48 of"),
+    "last line cut short": (
+        lambda lines: [*lines[:150], lines[150][:40]], 151, "inside image 2 of the 2 the first line announces: its row 49 is cut short"
+    ),
+    "a row too few, a row too many": (
+        lambda lines: lines[:5] + lines[6:103] + lines[5:6] + lines[103:], 101, "a blank line inside image 1, before its row 100"
+    ),
+    "a row too many, a row too few": (
+        lambda lines: lines[:101] + lines[103:104] + lines[101:103] + lines[104:], 103, "a blank line inside image 2, before its row 2"
+    ),
+    "a blank line inside an image": (lambda lines: lines[:50] + [""] + lines[50:], 51, "a blank line inside image 1, before its row 50"),
     "short line": (_with_line(5, lambda old: old.rsplit(",", 1)[0]), 6, "found 99"),
     "long line": (_with_line(5, lambda old: old + ",1.0"), 6, "found 101"),
     "missing value": (_with_line(7, lambda old: _line_of(["1"] * 50 + [""] + ["2"] * 49)), 8, "value 51 is missing"),

@@ -67,13 +67,13 @@ def test_files_load_as_the_command_line_reads_them(tmp_path: Path, rng: np.rando
     assert cnnlab.forward(cnnlab.load_images(input_path), loaded).tolist() == reference(images, cnn).tolist()
 
 
-def test_data_after_the_announced_images_is_a_warning(tmp_path: Path, rng: np.random.Generator) -> None:
+def test_data_after_the_announced_images_is_an_error(tmp_path: Path, rng: np.random.Generator) -> None:
     _, input_path = write_files(tmp_path, random_cnn(rng), random_values(rng, 3, 100, 100))
     input_path.write_text("2" + input_path.read_text()[1:])
-    with pytest.warns(UserWarning, match=r"in.csv:204: data after the 2 matrices"):
-        assert len(cnnlab.load_images(input_path)) == 2
-    with pytest.warns(UserWarning, match="data after the 2 matrices"):
-        assert sum(len(batch) for batch in cnnlab.load_image_batches(input_path, 1)) == 2
+    with pytest.raises(cnnlab.InputFileError, match=r"in.csv:204: data after the 2 images the first line announces"):
+        cnnlab.load_images(input_path)
+    with pytest.raises(cnnlab.InputFileError, match="data after the 2 images"):
+        list(cnnlab.load_image_batches(input_path, 1))
 
 
 class FakeDeviceArray:

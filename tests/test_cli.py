@@ -144,7 +144,8 @@ def test_help_everywhere(command: list[str]) -> None:
     "spoil, message",
     [
         (lambda text: "", "empty file"),
-        (lambda text: "3" + text[1:], "after 2 of the 3 matrices"),
+        (lambda text: "3" + text[1:], "after 2 of the 3 images"),
+        (lambda text: "1" + text[1:], "data after the 1 images"),
         (lambda text: text.replace(",", ",,", 1), "expected 100 comma-separated values, found 101"),
         (lambda text: re.sub(r"\n[^,\n]+", "\nnan", text, count=1), "value 1 'nan' is not a finite number"),
         (lambda text: "\x00\xff" + text, "not a text file"),
@@ -176,15 +177,13 @@ def test_failed_run_creates_no_output(tmp_path: Path, rng: np.random.Generator) 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad_cnn.csv", "cnn.csv", "in.csv"]
 
 
-def test_extra_matrices_are_warned_about_and_ignored(tmp_path: Path, rng: np.random.Generator) -> None:
-    cnn = random_cnn(rng)
-    images = random_values(rng, 3, 100, 100)
-    cnn_path, input_path = write_files(tmp_path, cnn, images)
+def test_data_after_the_announced_images_is_an_error(tmp_path: Path, rng: np.random.Generator) -> None:
+    cnn_path, input_path = write_files(tmp_path, random_cnn(rng), random_values(rng, 3, 100, 100))
     input_path.write_text("2" + input_path.read_text()[1:])
     result = cnnlab("cpu", cnn_path, input_path, tmp_path / "out.csv")
-    assert result.returncode == 0
-    assert result.stderr == f"cnnlab: warning: {input_path}:204: data after the 2 matrices the first line announces is ignored\n"
-    assert len(read_outputs(tmp_path / "out.csv")) == 2
+    message = f"{input_path}:204: data after the 2 images the first line announces (a count too small, or rows out of place?)"
+    assert assert_one_line_error(result) == f"cnnlab: {message}\n"
+    assert not (tmp_path / "out.csv").exists()
 
 
 def test_cuda_without_pycuda_is_a_one_line_error(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ import pytest
 from helpers import ROOT, why_no_gpu
 
 from cnnlab.errors import InputFileError
-from cnnlab.files.labcsv import check_lines
+from cnnlab.files.rows import check_line
 
 WHY_NO_GPU = why_no_gpu(builds_kernels=True)
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(WHY_NO_GPU is not None, reason=str(WHY_NO_GPU))]
@@ -50,7 +50,7 @@ def first_bad_row(text: bytes) -> int | None:
     """The row labcsv's line checker refuses first, or None."""
     for row, line in enumerate(non_blank_lines(text)):
         try:
-            check_lines("block", [(row + 1, line)], 100)
+            check_line("block", row + 1, line, 100)
         except InputFileError:
             return row
     return None
@@ -95,7 +95,8 @@ class Gpu:
         self.parser = CsvParser(module, self.scratch, MAX_BLOCK_BYTES, MAX_ROWS)
         self.stream = driver.Stream()
 
-    def run(self, blocks: list[bytes], rows: list[int] | None = None) -> Run:
+    def run(self, blocks: list[bytes], rows: list[int] | None = None, layout: Any = None) -> Run:
+        """The blocks parsed in turn (each the file's next rows); with `layout` (files/rows.Layout), its blank-line rule."""
         from cnnlab.cuda.csv_parser import STATUS_DTYPE, host_values, read_status
 
         driver = self.driver
@@ -115,7 +116,7 @@ class Gpu:
             status_at = [int(statuses) + i * STATUS_DTYPE.itemsize for i in range(len(blocks))]
             first_rows = np.cumsum([0, *rows[:-1]]).tolist()
             for block, offset, count, first, status in zip(blocks, offsets, rows, first_rows, status_at):
-                self.parser.parse(self.stream, int(device_text) + offset, len(block), images, first, count, status)
+                self.parser.parse(self.stream, int(device_text) + offset, len(block), images, first, count, status, layout, first)
             driver.memcpy_dtoh_async(host_status, statuses, self.stream)
             self.stream.synchronize()
             results = [read_status(host_status[i : i + 1]) for i in range(len(blocks))]
@@ -439,3 +440,79 @@ def test_random_damage_reported_where_labcsv_reports_it(gpu: Gpu, rng: np.random
         rows = slice(first_rows[index], first_rows[index] + run.rows[index])
         if not run.results[index].whole_block_on_host:
             assert_bit_exact(run.after[rows], expected_rows(blocks[index]))
+
+
+# ---------------------------------------------------------------------------------------------
+# The blank-line rule of the lab's images, and whole files mutated as a hostile user would
+
+
+@pytest.mark.parametrize("separated", [False, True])
+def test_blank_lines_out_of_place_are_reported_at_their_row(gpu: Gpu, rng: np.random.Generator, separated: bool) -> None:
+    """Blocks of whole matrices (of 4 rows here), each starting just after a row: the first row whose blank lines
+    break lab_row_placed is the block's bad row, as the host's rule says, wherever the blank lines are."""
+    from cnnlab.files.rows import Layout
+
+    layout = Layout(4, "matrix", separated=separated)
+    for _ in range(40):
+        blocks, want = [], []
+        for index in range(3):
+            blanks = [bool(rng.random() < 0.5) if rng.random() < 0.3 else (separated and row % 4 == 0) for row in range(12)]
+            blanks[0] = blanks[0] and index > 0  # the file's first row follows the count line
+            rows = [b",".join(random_line(rng)) for _ in range(12)]
+            blocks.append(b"".join((b" \r\n" if blank else b"") + line + b"\n" for blank, line in zip(blanks, rows)))
+            first = index * 12
+            wrong = [row for row in range(12) if first + row and blanks[row] != (separated and row % 4 == 0)]
+            want.append(wrong[0] if wrong else None)
+        run = gpu.run(blocks, layout=layout)
+        assert [result.bad_row for result in run.results] == want
+
+
+@pytest.fixture(scope="module")
+def mutated_files_context():
+    """cuda mode's backend for the fuzz test's CNN: batches of 2 images, a chunk (and so a block of text) of 1."""
+    from lab_layout import base_files, reference_cnn
+
+    from cnnlab.cuda.context import CudaContext
+    from cnnlab.cuda.ladder import LaunchConfig
+    from cnnlab.network import Cnn
+
+    filters, weights = reference_cnn(base_files("lab", 1)[0])
+    with CudaContext(Cnn(filters, weights), 2, LaunchConfig(chunk_images=1), parse_csv=True) as backend:
+        yield backend
+
+
+def _gpu_fuzz(examples: int):  # noqa: ANN202
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import strategies as st
+    from lab_layout import BASES, mutations
+
+    @settings(max_examples=examples, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.reuse, Phase.generate],
+              suppress_health_check=list(HealthCheck))  # fmt: skip
+    @given(base=st.sampled_from(sorted(BASES)), edits=mutations)
+    def test(mutated_files_context: Any, tmp_path: Path, base: str, edits: list) -> None:
+        """The GPU parser's half of test_malformed_files.py: each mutated input file through cuda mode's CSV path gives
+        outputs within the lab's rule of the independent reference's, or an InputFileError with the output untouched."""
+        from helpers import assert_lab_close
+        from lab_layout import base_files, expected, mutate
+
+        from cnnlab.run import run_network
+
+        cnn_data, input_data = base_files(base, 5)
+        input_data = mutate(input_data, edits)
+        want = expected(cnn_data, input_data).outputs
+        (tmp_path / "in.csv").write_bytes(input_data)
+        output = tmp_path / "out.npy"
+        output.write_bytes(b"previous")
+        if want is None:
+            with pytest.raises(InputFileError):
+                run_network(mutated_files_context, tmp_path / "in.csv", output)
+            assert output.read_bytes() == b"previous"
+        else:
+            run_network(mutated_files_context, tmp_path / "in.csv", output)
+            assert_lab_close(np.load(output), want)
+
+    return test
+
+
+test_mutated_files_through_the_gpu_parser = _gpu_fuzz(30)
+test_mutated_files_through_the_gpu_parser_long = pytest.mark.slow(_gpu_fuzz(400))

@@ -228,7 +228,7 @@ def test_the_folder_recipe_warns_refuses_and_passes_on_errors(client: Any, tmp_p
     cnn_path, inputs = write_inputs(tmp_path / "in", random_cnn(rng), rng)
     a = tmp_path / "in" / "a.csv"
     a.write_text("2" + a.read_text()[1:])  # announces 2 of its 3 images
-    with pytest.warns(UserWarning, match=r"a.csv:\d+: data after the 2 matrices"):
+    with pytest.raises(cnnlab_api.InputFileError, match=r"a.csv:\d+: data after the 2 images"):
         dask_forward.run_files(client, cnn_path, [a], tmp_path / "out")
     with pytest.raises(cnnlab_api.UsageError, match="share a name"):
         dask_forward.run_files(client, cnn_path, [a, tmp_path / "in" / "a.npy"], tmp_path / "out")

@@ -410,7 +410,7 @@ def test_a_huge_n_and_batch_size_buffers_by_the_file(tmp_path: Path, rng: np.ran
         args = ["cpu", cnn_path, tmp_path / "huge.csv" if source == "file" else "-", tmp_path / "out.csv", "--batch", "1000000000"]
         with open(tmp_path / "huge.csv") as stdin:
             result = cnnlab(*args, stdin=stdin if source == "pipe" else None, preexec_fn=address_space)
-        assert "file ends after 2 of the 999999999999999999 matrices" in assert_one_line_error(result), source
+        assert "file ends after 2 of the 999999999999999999 images" in assert_one_line_error(result), source
 
 
 @pytest.mark.parametrize("megabytes", [100, 180, 250, 400, 2000])

@@ -13,7 +13,7 @@ from helpers import assert_one_line_error, cnnlab, random_cnn, read_all_images, 
 from cnnlab.cpu.backend import CpuBackend
 from cnnlab.errors import InputFileError
 from cnnlab.files import labcsv as csv_files
-from cnnlab.files import npy
+from cnnlab.files import npy, rows
 from cnnlab.files.convert import convert
 from cnnlab.files.formats import open_images, read_outputs
 from cnnlab.files.text import HostMemory, window_size
@@ -58,6 +58,7 @@ def test_values_the_fast_parser_declines_still_convert_exactly(
         Pool=lambda threads: SimpleNamespace(close=lambda: None), parse_pieces=lambda *args: 0, parse_rows=lambda *args: 0
     )
     monkeypatch.setattr(csv_files, "native", declining)
+    monkeypatch.setattr(rows, "native", declining)
     assert (read_all_images(path).view(np.int64) == images.view(np.int64)).all()
 
 
@@ -191,7 +192,7 @@ def test_a_failure_stops_the_run_cleanly(tmp_path: Path, rng: np.random.Generato
         path.write_text("".join(lines[: 1 + 30 * 101 + 50]))
     threads_before = threading.active_count()
     with RecordingBackend(cnn, batch_size=4, fail_at=None if fail_at == "reader" else 2) as backend:
-        with pytest.raises(InputFileError, match="file ends after 30 of the 40" if fail_at == "reader" else "on purpose"):
+        with pytest.raises(InputFileError, match="file ends inside image 31 of the 40" if fail_at == "reader" else "on purpose"):
             run_network(backend, path, tmp_path / "out" / "out.csv")
     assert threading.active_count() == threads_before
     assert list((tmp_path / "out").iterdir()) == []
@@ -219,7 +220,8 @@ def test_text_windows_are_reserved_by_the_images_not_by_data_past_them(tmp_path:
         assert max(memory.sizes) < 4 << 20  # one image's text at most, with the gap and slack; by the file's bytes per image, ~22 MB
         batch = reader.read_text(256, 256)
         assert batch is not None and len(batch) == 1 and batch.span.rows == 100
-        assert reader.finish() is not None
+        with pytest.raises(InputFileError, match=r"in.csv:103: data after the 1 images"):
+            reader.finish()
 
 
 def test_equal_steps_stop_making_windows(tmp_path: Path, rng: np.random.Generator) -> None:

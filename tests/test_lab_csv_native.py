@@ -695,3 +695,56 @@ def test_format_rows_is_repr_across_every_exponent(rng: np.random.Generator) -> 
 @given(st.lists(st.floats(allow_nan=False), min_size=1, max_size=12))
 def test_hypothesis_format_rows_is_repr(row: list[float]) -> None:
     assert native.format_rows(np.array([row])) == ",".join(map(repr, row)) + "\n"
+
+
+# The blank-line rule: where blank lines may stand among matrices, whichever lines a piece starts at.
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    matrix_rows=st.integers(1, 4),
+    matrices=st.integers(1, 4),
+    separated=st.booleans(),
+    blanks=st.lists(st.lists(st.sampled_from([b"", b" ", b"\r", b" \t\r", b"\x0c"]), max_size=2), min_size=17, max_size=17),
+    cuts=st.lists(st.integers(0, 60), max_size=6),
+    threads=st.integers(1, 3),
+)
+def test_hypothesis_blank_line_rule_holds_across_any_pieces(
+    matrix_rows: int, matrices: int, separated: bool, blanks: list[list[bytes]], cuts: list[int], threads: int
+) -> None:
+    """Rows with blank lines before some, cut into pieces at any line starts: parse_pieces refuses the first piece that
+    holds a row whose blank lines break the rule (lab_row_placed), as the rule read row by row here says, and the
+    Python twin names the same row; a piece that starts just after a blank line looks back across its start."""
+    from cnnlab.errors import InputFileError
+    from cnnlab.files.lines import Span
+    from cnnlab.files.rows import Layout, RowPlace, check_lines
+
+    rows = matrix_rows * matrices
+    lines, row_of_line = [], []  # each line, and the row it is (None: blank)
+    for row in range(rows + 1):
+        for blank in blanks[row]:
+            lines.append(blank + b"\n")
+            row_of_line.append(None)
+        if row < rows:
+            lines.append(b"%d,%d\n" % (row, -row))
+            row_of_line.append(row)
+    bad_rows = [row for row in range(1, rows) if bool(blanks[row]) != (separated and row % matrix_rows == 0)]
+    starts = sorted({0, *(cut for cut in cuts if cut < len(lines))})
+    offsets = np.cumsum([0, *map(len, lines)]).tolist()
+    rows_before = [sum(row is not None for row in row_of_line[:start]) for start in starts]
+    pieces = np.array([(offsets[a], offsets[b], before) for a, b, before in zip(starts, [*starts[1:], len(lines)], rows_before)])
+    data = b"".join(lines)
+    out = np.empty(rows * 2)
+    bad_piece = native.parse_pieces(native.Pool(threads), data, pieces.astype(np.int64), 2, out, 0, 0, matrix_rows, separated)
+    piece_of_row = {row: index for index, before in enumerate(rows_before) for row in range(before, rows)}
+    assert bad_piece == (piece_of_row[bad_rows[0]] if bad_rows else -1)
+    layout = Layout(matrix_rows, "matrix", separated=separated)
+    for index, (a, b, before) in enumerate(zip(starts, [*starts[1:], len(lines)], rows_before)):
+        span = Span(np.frombuffer(data, np.uint8), offsets[a], offsets[b], 0, a)
+        if bad_rows and index == piece_of_row[bad_rows[0]]:
+            with pytest.raises(InputFileError, match=r"blank line"):
+                check_lines("f", span, 2, RowPlace(layout, before, 0))
+            break
+        check_lines("f", span, 2, RowPlace(layout, before, 0))
+    if not bad_rows:
+        assert out.tolist() == [value for row in range(rows) for value in (row, -row)]

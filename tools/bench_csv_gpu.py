@@ -115,7 +115,7 @@ class Blocks:
         for i in range(len(self.spans)):
             self.driver.memset_d32_async(gate, 0, GATE_BYTES // 64, self.stream)
             self.start.record(self.stream)
-            parser.parse(self.stream, *self.args(i), marks)
+            parser.parse(self.stream, *self.args(i), marks=marks)
             self.end.record(self.stream)
             self.end.synchronize()
             points = [self.start, *marks, self.end]

@@ -7,14 +7,12 @@ errors, which main.py turns into one line.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import TextIO
 
 from cnnlab import interrupts
 from cnnlab.errors import STANDARD_STREAM, DeviceError, OutputFileError, UsageError, shown
-from cnnlab.files.formats import trailing_data_note
 from cnnlab.files.labcsv import read_cnn
 from cnnlab.files.safety import AtomicOutput, output_target, refuse_same_file, writing
 from cnnlab.resources import resource_dir
@@ -40,12 +38,6 @@ def named_gpus(devices: str | None, device: int | None) -> list[int] | None:
     return [int(index) for index in devices.split(",")]
 
 
-def warn_trailing(input_path: str | os.PathLike, images: int, line: int | None) -> None:
-    note = trailing_data_note(input_path, images, line)
-    if note is not None:
-        print(f"cnnlab: warning: {note}", file=sys.stderr)
-
-
 def run(args: argparse.Namespace) -> int:
     files = args.files or [
         resource_dir("data") / "cnn.csv",
@@ -68,7 +60,6 @@ def run(args: argparse.Namespace) -> int:
         interrupts.raise_if_received()  # the backend's modules were imported just now
         stats = run_network(backend, input_path, output_path, read_ahead=args.read_ahead)
         device = backend.device
-    warn_trailing(input_path, stats.images, stats.trailing_data_line)
     # With the outputs on standard output (`-`, /dev/stdout), the lab's line goes to stderr: the outputs stay a clean file.
     say(f"{stats.work_microseconds} microseconds of actual work done", sys.stderr if output.descriptor == 1 else sys.stdout)
     if args.timing_json is not None:
@@ -99,7 +90,6 @@ def convert(args: argparse.Namespace) -> int:
         raise UsageError("convert reads its input twice (first to see what it holds), so it cannot read standard input (-)")
     refuse_same_file(args.output, {"input file": args.input})
     result = convert(args.input, args.output)
-    warn_trailing(args.input, result.rows, result.trailing_data_line)
     print(f"cnnlab: wrote {shown(args.output)} ({result.rows} {'images' if result.kind == 'input' else 'lines'})", file=sys.stderr)
     return 0
 

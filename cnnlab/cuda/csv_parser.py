@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from cnnlab.files.rows import Layout
+
 WIDTH = 100  # values per line; csv.cu's CSV_WIDTH
 TILE_BYTES = 8192  # csv_tile_summaries and csv_index_rows: bytes per thread block (32 a thread)
 TILE_THREADS = 256
@@ -118,7 +120,7 @@ class CsvParser:
         self._tile_summaries = self._prepare(module, "csv_tile_summaries", "PiP")
         self._scan_tiles = self._prepare(module, "csv_scan_tiles", "PiiP")
         self._index_rows = self._prepare(module, "csv_index_rows", "PiPiP")
-        self._split_rows = self._prepare(module, "csv_split_rows", "PiPiPP")
+        self._split_rows = self._prepare(module, "csv_split_rows", "PiPiPPqii")
         self._parse_fields = self._prepare(module, "csv_parse_fields", "PPPiiPP")
         self._patch_fields = self._prepare(module, "csv_patch_fields", "PiPPi")
         self._staging = driver.pagelocked_empty(HOST_SLOTS, np.float64)  # patch values on their way in
@@ -132,9 +134,12 @@ class CsvParser:
         return function
 
     def parse(
-        self, stream: Any, block: Any, nbytes: int, images: Any, first_row: int, rows: int, status: Any, marks: list[Any] | None = None
+        self, stream: Any, block: Any, nbytes: int, images: Any, first_row: int, rows: int, status: Any, layout: Layout | None = None,
+        file_row: int = 0, marks: list[Any] | None = None,
     ) -> None:
-        """Queue the parse of `nbytes` of text at `block` into rows first_row.. of `images`, status to `status`.
+        """Queue the parse of `nbytes` of text at `block` into rows first_row.. of `images`, status to `status`. Where
+        `layout` is given, the rows must stand where its blank-line rule lets them (files/rows.py), the block's first
+        row being the file's row `file_row` (counted from its first image's first; a block starts where an image does).
 
         `marks` (timing only): 4 events, recorded between the 5 kernels.
         """
@@ -147,7 +152,7 @@ class CsvParser:
         _record(marks[1], stream)
         self.index_rows(stream, block, nbytes, rows)
         _record(marks[2], stream)
-        self.split_rows(stream, block, nbytes, rows, status)
+        self.split_rows(stream, block, nbytes, rows, status, layout, file_row)
         _record(marks[3], stream)
         self.parse_fields(stream, block, rows, first_row, images, status)
 
@@ -167,10 +172,11 @@ class CsvParser:
                 (tiles, 1), (TILE_THREADS, 1, 1), stream, block, np.int32(nbytes), self._tiles, np.int32(rows), self._spans
             )
 
-    def split_rows(self, stream: Any, block: Any, nbytes: int, rows: int, status: Any) -> None:
+    def split_rows(self, stream: Any, block: Any, nbytes: int, rows: int, status: Any, layout: Layout | None, file_row: int) -> None:
         if blocks := math.ceil(rows / (SPLIT_THREADS // 32)):
+            rule = (np.int64(file_row), np.int32(layout.matrix_rows if layout else 0), np.int32(layout is not None and layout.separated))
             self._split_rows.prepared_async_call(
-                (blocks, 1), (SPLIT_THREADS, 1, 1), stream, block, np.int32(nbytes), self._spans, np.int32(rows), self._ends, status
+                (blocks, 1), (SPLIT_THREADS, 1, 1), stream, block, np.int32(nbytes), self._spans, np.int32(rows), self._ends, status, *rule
             )
 
     def parse_fields(self, stream: Any, block: Any, rows: int, first_row: int, images: Any, status: Any) -> None:

@@ -144,7 +144,7 @@ class CsvText:
     """
 
     def __init__(self, batch: Any, chunk: int, module: Any) -> None:
-        self._batch, self._module = batch, module
+        self._batch, self._module, self._chunk = batch, module, chunk
         self._pieces = batch.span.pieces(chunk * INPUT_DIM)
 
     def start(self, lane: Lane, index: int) -> None:
@@ -156,7 +156,8 @@ class CsvText:
             lane.text = CsvOnDevice(lane, self._module, max(nbytes, 1 << 20), lane.chunk * INPUT_DIM)
         text = lane.text
         lane.driver.memcpy_htod_async(text.text, piece.data[piece.start : piece.end], lane.stream)
-        text.parser.parse(lane.stream, text.text, nbytes, lane.images, 0, piece.rows, text.status)
+        first_row = self._batch.first_row(index, self._chunk)
+        text.parser.parse(lane.stream, text.text, nbytes, lane.images, 0, piece.rows, text.status, self._batch.layout, first_row)
         text.parser.fetch_status(lane.stream, text.host_status, text.status)
         text.status_ready.record(lane.stream)
 
@@ -169,7 +170,7 @@ class CsvText:
             text.parser.patch(lane.stream, lane.images, 0, text.status, host_values(piece.data[piece.start : piece.end], result))
         else:
             staged = lane.staging(piece.rows // INPUT_DIM)
-            self._batch.parse_on_host(piece, staged.reshape(-1))
+            self._batch.parse_on_host(piece, self._batch.first_row(index, self._chunk), staged.reshape(-1))
             lane.copy_in(staged)
         return int(lane.images)
 

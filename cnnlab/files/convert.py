@@ -26,20 +26,22 @@ CNN_FILE_WIDTHS = [FILTER_DIM * FILTER_DIM] * CONV_LAYER_SIZE + [OUT_NEURON_DIM]
 
 @dataclass(frozen=True)
 class Conversion:
-    """What was converted: "input" or "output" rows, how many, and a line of data ignored after N images."""
+    """What was converted: "input" or "output" rows, and how many."""
 
     kind: str
     rows: int
-    trailing_data_line: int | None = None
 
 
 def _batches(reader: ImageReader) -> Iterator[np.ndarray]:
+    """The reader's images a buffer at a time, then its end-of-input check: inside the writer's `with`, so that a file
+    with data after its images leaves no output."""
     buffer = np.empty((min(reader.step, reader.count), INPUT_DIM, INPUT_DIM))
     progress = Progress("cnnlab convert", reader.count)
     try:
         while count := reader.read_into(buffer, len(buffer)):  # a buffer's worth next, prepared meanwhile
             yield buffer[:count]
             progress.update(reader.images_read)
+        reader.finish()
     finally:
         progress.finish()
 
@@ -88,4 +90,4 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike) -> Co
                     npy.write_rows(batch)
         else:
             write_input_file(output_path, reader.count, _finite_images(input_path, _batches(reader)))
-        return Conversion("input", reader.count, reader.finish())
+        return Conversion("input", reader.count)

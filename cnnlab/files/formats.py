@@ -30,9 +30,9 @@ class ImageReader(Protocol):
         will ask for (0: unknown), which a reader may prepare meanwhile; the next call must then ask for that many."""
         ...
 
-    def finish(self) -> int | None:
-        """After all N images: the first line after them that holds data (CSV), if any; a reader checks here what
-        it must before the outputs are kept (a mapped .npy file, that it stayed whole)."""
+    def finish(self) -> None:
+        """After all N images: what a reader must check before the outputs are kept, an error where it fails (a CSV
+        file holds nothing after them; a mapped .npy file stayed whole)."""
         ...
 
     def close(self) -> None: ...
@@ -77,7 +77,3 @@ def holds_images(path: str | os.PathLike) -> bool:
     .npy array, or a CSV file whose first line is a lone count."""
     return len(npy.read_shape(path)) == 3 if is_npy(path) else labcsv.starts_with_count(path)
 
-
-def trailing_data_note(path: str | os.PathLike, images: int, line: int | None) -> str | None:
-    """What to say of data after the N matrices an input file announces (the lab's reader ignored it), or None."""
-    return None if line is None else f"{path}:{line}: data after the {images} matrices the first line announces is ignored"

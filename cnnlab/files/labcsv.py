@@ -6,17 +6,18 @@ Every problem with a file is raised as an InputFileError naming the file and lin
 from __future__ import annotations
 
 import os
-import re
 import stat
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from cnnlab.errors import InputFileError
-from cnnlab.files.lines import Span, native, warn_if_slow
+from cnnlab.files.lines import Span, native, scan_rows, warn_if_slow
+from cnnlab.files.rows import Layout, RowPlace, check_lines, check_text, cut_row, parse_rows, shorten
 from cnnlab.files.safety import AtomicOutput, open_for_reading
 from cnnlab.files.text import READ_BYTES, TextMemory, TextSource
 from cnnlab.network import (
@@ -47,61 +48,6 @@ REPR_ROW_BYTES = INPUT_DIM * 25
 # The fewest bytes an image's text can take: 100 lines of 100 one-character values, 99 commas and a newline.
 MIN_IMAGE_BYTES = INPUT_DIM * (2 * INPUT_DIM)
 
-_NOT_TEXT = re.compile(rb"[^\t\x20-\x7e]")  # anything but printable ASCII and tabs
-
-
-def parse_rows(path: str | os.PathLike, span: Span, width: int, out: np.ndarray) -> None:
-    """Parse the span's lines, each of `width` comma-separated finite numbers, into the flat array `out`.
-
-    Every value is the double that Python's float() gives for its text (correctly rounded), but
-    underscores, which the lab's Rust reader refused, are refused too. The native parser converts
-    the span; where it finds anything amiss, the lines are walked one by one here, to name the
-    first bad line and value.
-    """
-    if native is not None and native.parse_rows(span.data, span.start, span.end, width, out) < 0:
-        return
-    lines = span.lines()
-    check_lines(path, lines, width)
-    # No line is bad (or there is no native parser): convert value by value, as float() does.
-    out[:] = [float(field) for _, line in lines for field in line.split(b",")]
-
-
-def check_lines(path: str | os.PathLike, lines: list[tuple[int, bytes]], width: int) -> None:
-    """Raise the InputFileError that describes the first bad line among `lines`, if one is bad."""
-    for number, line in lines:
-        _check_line(path, number, line, width)
-
-
-def _check_text(path: str | os.PathLike, number: int, line: bytes) -> None:
-    if binary := _NOT_TEXT.search(line):
-        column = binary.start()
-        raise InputFileError(
-            path, f"not a text file of numbers (byte 0x{line[column]:02x} at column {column + 1})", number
-        )
-
-
-def _check_line(path: str | os.PathLike, number: int, line: bytes, width: int) -> None:
-    _check_text(path, number, line)
-    fields = line.split(b",")
-    if len(fields) != width:
-        raise InputFileError(path, f"expected {width} comma-separated values, found {len(fields)}", number)
-    for position, field in enumerate(fields, start=1):
-        text = field.decode("ascii").strip()
-        if not text:
-            raise InputFileError(path, f"value {position} is missing", number)
-        try:
-            if "_" in text:
-                raise ValueError(text)
-            value = float(text)
-        except ValueError:
-            raise InputFileError(path, f"value {position} {_shorten(text)!r} is not a number", number) from None
-        if not np.isfinite(value):
-            raise InputFileError(path, f"value {position} {_shorten(text)!r} is not a finite number", number)
-
-
-def _shorten(text: str, limit: int = 40) -> str:
-    return text if len(text) <= limit else text[:limit] + "..."
-
 
 def read_cnn(path: str | os.PathLike) -> Cnn:
     """Read a CNN file: 10 lines of 25 filter values, then 10 lines of 4000 output weights."""
@@ -111,10 +57,11 @@ def read_cnn(path: str | os.PathLike) -> Cnn:
         source = TextSource(path, file)
         for target, rows, what in ((filters, CONV_LAYER_SIZE, "convolution filters"), (weights, OUT_LAYER_SIZE, "output-layer weights")):
             span = source.take(rows)
+            place = RowPlace(Layout(rows, what, numbered=False), 0, span.start)  # blank lines around the matrix, none inside
             if span.rows < rows:
-                check_lines(path, span.lines(), target[0].size)
+                check_lines(path, span, target[0].size, place)
                 raise InputFileError(path, f"file ends after {span.rows} of the {rows} lines of {what}", source.lines_taken)
-            parse_rows(path, span, target[0].size, target.reshape(-1))
+            parse_rows(path, span, target[0].size, target.reshape(-1), place)
         extra = source.take(1)
         if extra.rows:
             raise InputFileError(path, "unexpected data after the 10 lines of output-layer weights", source.lines_taken)
@@ -126,13 +73,17 @@ class CsvBatch:
     """A batch of images as the text of their lines, for a backend that parses CSV itself (the GPU).
 
     The span's bytes lie in the reader's window (page-locked, from the backend's allocator) and stay
-    there until the reader has taken two batches more.
+    there until the reader has taken two batches more. `first_image` counts the file's images before
+    the batch's, and `layout` says where its blank lines may stand (rows.Layout).
     """
 
     path: str | os.PathLike
     span: Span
     images: int
-
+    first_image: int = 0
+    layout: Layout = Layout(INPUT_DIM, "image")
+    count: int = 0  # the images the file announces
+    cut_line: int | None = None  # the file's last line where it has no line end: a bad one is where the file was cut
     def __len__(self) -> int:
         return self.images
 
@@ -141,24 +92,37 @@ class CsvBatch:
         device's chunk), as even in images as whole pieces allow: a share of the batch for each of several GPUs."""
         pieces = self.span.pieces(every * INPUT_DIM)
         shares = [pieces[len(pieces) * k // parts : len(pieces) * (k + 1) // parts] for k in range(parts)]
-        batches = []
+        batches, first_image = [], self.first_image
         for share in filter(None, shares):
             rows = sum(piece.rows for piece in share)
             span = Span(self.span.data, share[0].start, share[-1].end, rows, share[0].line_before, tuple(share))
-            batches.append(CsvBatch(self.path, span, rows // INPUT_DIM))
+            batches.append(CsvBatch(self.path, span, rows // INPUT_DIM, first_image, self.layout, self.count, self.cut_line))
+            first_image += rows // INPUT_DIM
         return batches
 
-    def parse_on_host(self, piece: Span, out: np.ndarray) -> None:
-        """Parse a piece of the span here: what the device declined, which names a bad line as the host always does."""
-        parse_rows(self.path, piece, INPUT_DIM, out)
+    def first_row(self, piece: int, every: int) -> int:
+        """The file's row (counted from its first image's first, 0) that piece `piece` of the span's pieces of `every`
+        images starts with."""
+        return (self.first_image + piece * every) * INPUT_DIM
+
+    def parse_on_host(self, piece: Span, first_row: int, out: np.ndarray) -> None:
+        """Parse a piece of the span, starting at the file's row `first_row`, here: what the device declined, which names
+        a bad line as the host always does (and a bad last line with no line end as where the file was cut)."""
+        try:
+            parse_rows(self.path, piece, INPUT_DIM, out, RowPlace(self.layout, first_row, self.span.start))
+        except InputFileError as error:
+            if error.line is None or error.line != self.cut_line:
+                raise
+            raise file_ends(self.path, self.count, first_row + piece.rows, error.line, cut_short=True) from None
 
 
 class CsvImageReader:
     """The lab's input file, read a batch of images at a time so that memory stays bounded.
 
-    The first line holds N; then come N matrices of 100 lines of 100 values. Blank lines anywhere
-    are ignored, as the lab's reader did. Each step's lines are taken in one span, cut into blocks
-    of PARSE_IMAGES images, and the blocks parsed `threads` at once (the native parser releases the GIL).
+    The first line holds N; then come N matrices of 100 lines of 100 values, with a blank line
+    before every matrix after the first or none at all (rows.Layout: a file is one or the other, as
+    its first two images say). Each step's lines are taken in one span, cut into blocks of
+    PARSE_IMAGES images, and the blocks parsed `threads` at once (the native parser releases the GIL).
     """
 
     values_finite = True  # the parsers refuse a NaN, an infinity or a value that overflows
@@ -179,7 +143,9 @@ class CsvImageReader:
             self._source = TextSource(path, self._file, memory, self._pool, threads, self.stop, ahead)
             self.count = self._read_count()
             status = os.fstat(self._file.fileno())
-            self._source.row_bytes = status.st_size / (self.count * INPUT_DIM)  # the first guess
+            # The first guess, no more than a row of repr's longest values: a file mostly past its N images (a line of
+            # gigabytes, say) says little of them, and reading by its bytes per image would take them all at once.
+            self._source.row_bytes = min(status.st_size / (self.count * INPUT_DIM), REPR_ROW_BYTES)
             regular = stat.S_ISREG(status.st_mode)
             self.capacity = min(self.count, status.st_size // MIN_IMAGE_BYTES + 1) if regular else unsized_capacity(self.count)
         except BaseException:
@@ -187,6 +153,8 @@ class CsvImageReader:
             raise
         warn_if_slow()
         self.images_read = 0
+        self._images_taken = 0  # the images whose spans were taken (ahead of those read, where a span is taken ahead)
+        self._separated: bool | None = None  # whether blank lines stand between the images: known once image 2 is taken
         self.step = (STEP_IMAGES if native is not None else PARSE_IMAGES) * threads  # images per read_into() call
 
     def _read_count(self) -> int:
@@ -194,13 +162,18 @@ class CsvImageReader:
         if not first.rows:
             raise InputFileError(self.path, "empty file: the first line must hold the number of matrices")
         [(number, line)] = first.lines()
-        _check_text(self.path, number, line)
+        check_text(self.path, number, line)
         text = line.decode("ascii").strip()
         digits = _count_digits(text).lstrip("0")
         if not digits.isdigit() or len(digits) > 18:  # 18 digits: past any file, and int() stays quick
-            message = f"the first line must hold the number of matrices, a positive integer, not {_shorten(text)!r}"
+            message = f"the first line must hold the number of matrices, a positive integer, not {shorten(text)!r}"
             raise InputFileError(self.path, message, number)
         return int(digits)
+
+    @property
+    def layout(self) -> Layout:
+        """Where the file's blank lines may stand (before image 2 is taken, no row it governs has been parsed)."""
+        return Layout(INPUT_DIM, "image", separated=bool(self._separated))
 
     def read_into(self, out: np.ndarray, next_images: int = 0) -> int:
         """Fill the leading images of `out` (shape (n, 100, 100)) with the next images; return how many.
@@ -213,9 +186,8 @@ class CsvImageReader:
         then = max(0, min(next_images, self.count - self.images_read - wanted))
         if then and span.rows == wanted * INPUT_DIM:
             self._taken = SpanAhead(self._take_now, then)
-        self._parse(span, out.reshape(-1))
-        if span.rows < wanted * INPUT_DIM:
-            self._raise_truncated(span.rows)
+        with self._truncation(span, wanted):
+            self._parse(span, out.reshape(-1))
         self.images_read += wanted
         return wanted
 
@@ -229,8 +201,21 @@ class CsvImageReader:
             raise ValueError(f"read_into: asked for {images} images where the call before said {taken.images} would follow")
         return span
 
-    def _take_now(self, images: int) -> Span:
-        return self._source.take(images * INPUT_DIM, None if native is not None else PARSE_IMAGES * INPUT_DIM)
+    def _take_now(self, images: int, every: int | None = None) -> Span:
+        """The span of the next `images` images (cut in pieces of `every` rows), and, where it holds image 2's first row,
+        whether a blank line stands before that row: the file's layout."""
+        if every is None and native is None:
+            every = PARSE_IMAGES * INPUT_DIM
+        span = self._source.take(images * INPUT_DIM, every)
+        first, self._images_taken = self._images_taken, self._images_taken + images
+        if self._separated is None and first * INPUT_DIM + span.rows > INPUT_DIM:
+            after_image_1 = scan_rows(span.data, span.start, INPUT_DIM)[0] if first == 0 else span.start
+            self._separated = scan_rows(span.data, after_image_1, 1)[2] > 1  # lines walked to the next row: blank ones first
+        return span
+
+    def _place(self, span: Span, rows_before: int = 0) -> RowPlace:
+        """Where the rows of a piece of `span` that follows `rows_before` of its rows stand in the file."""
+        return RowPlace(self.layout, self.images_read * INPUT_DIM + rows_before, span.start)
 
     def _parse(self, span: Span, out: np.ndarray) -> None:
         """The span's lines into `out`: natively, the runs the read found (a piece of the file each, ~1 MB) claimed by
@@ -238,19 +223,21 @@ class CsvImageReader:
         line (in file order) named by that line."""
         if self._parsers is not None:
             runs = span.runs or _runs(span.pieces(PARSE_IMAGES * INPUT_DIM))
-            bad = native.parse_pieces(self._parsers, span.data, np.array(runs, np.int64), INPUT_DIM, out[: span.rows * INPUT_DIM])
+            place = self._place(span)
+            bad = native.parse_pieces(self._parsers, span.data, np.array(runs, np.int64), INPUT_DIM, out[: span.rows * INPUT_DIM],
+                                      place.bound, place.first_row, INPUT_DIM, place.layout.separated)  # fmt: skip
             if bad >= 0:  # from the first piece it declined, in order, as parse_rows names a bad line
                 line = span.line_before + int(np.count_nonzero(span.data[span.start : runs[bad][0]] == ord("\n")))
                 for (start, end, before), after in zip(runs[bad:], [*(run[2] for run in runs[bad + 1 :]), span.rows]):
                     run = Span(span.data, start, end, after - before, line)
-                    parse_rows(self.path, run, INPUT_DIM, out[before * INPUT_DIM : after * INPUT_DIM])
+                    parse_rows(self.path, run, INPUT_DIM, out[before * INPUT_DIM : after * INPUT_DIM], self._place(span, before))
                     line += int(np.count_nonzero(span.data[start:end] == ord("\n")))
             return
         parsing, first = [], 0
         try:
             for piece in span.pieces(PARSE_IMAGES * INPUT_DIM):
                 room = out[first * INPUT_DIM : (first + piece.rows) * INPUT_DIM]
-                parsing.append(self._pool.submit(parse_rows, self.path, piece, INPUT_DIM, room))
+                parsing.append(self._pool.submit(parse_rows, self.path, piece, INPUT_DIM, room, self._place(span, first)))
                 first += piece.rows
         finally:
             for future in parsing:  # never return while a thread still writes into `out`
@@ -262,8 +249,7 @@ class CsvImageReader:
         """Make the windows hold the text of `images` images (from the file's bytes per image) before read_text
         reads batches that size: page-locked windows are made before the run, as its image buffers are."""
         assert self._taken is None, "reserve_text() after read_into() that takes ahead"
-        row_bytes = min(self._source.row_bytes, REPR_ROW_BYTES)  # a file mostly past its N images says little of them
-        self._source.reserve(int(1.1 * row_bytes * INPUT_DIM * min(images, self.count)) + READ_BYTES // 32)
+        self._source.reserve(int(1.1 * self._source.row_bytes * INPUT_DIM * min(images, self.count)) + READ_BYTES // 32)
 
     def read_text(self, images: int, chunk: int) -> CsvBatch | None:
         """The text of the next `images` images (fewer at the end), unparsed, cut into chunks of
@@ -272,24 +258,40 @@ class CsvImageReader:
         wanted = max(0, min(images, self.count - self.images_read))
         if not wanted:
             return None
-        span = self._source.take(wanted * INPUT_DIM, chunk * INPUT_DIM)
+        span = self._take_now(wanted, chunk * INPUT_DIM)
         if span.rows < wanted * INPUT_DIM:
-            parse_rows(self.path, span, INPUT_DIM, np.empty(span.rows * INPUT_DIM))  # a bad line before the end comes first
-            self._raise_truncated(span.rows)
+            with self._truncation(span, wanted):  # a bad line before the end comes first
+                parse_rows(self.path, span, INPUT_DIM, np.empty(span.rows * INPUT_DIM), self._place(span))
+        batch = CsvBatch(self.path, span, wanted, self.images_read, self.layout, self.count, self._cut_line())
         self.images_read += wanted
-        return CsvBatch(self.path, span, wanted)
+        return batch
 
-    def _raise_truncated(self, rows_read: int) -> None:
-        complete = self.images_read + rows_read // INPUT_DIM
-        partial = rows_read % INPUT_DIM
-        detail = f"; matrix {complete + 1} has only {partial} of its {INPUT_DIM} lines" if partial else ""
-        message = f"file ends after {complete} of the {self.count} matrices the first line announces{detail}"
-        raise InputFileError(self.path, message, self._source.lines_taken)
+    @contextmanager
+    def _truncation(self, span: Span, wanted: int) -> Iterator[None]:
+        """Around the parse of the span taken for `wanted` images: where the file ends inside it (a bad last line that
+        has no line end is one cut short), the error says so."""
+        rows = self.images_read * INPUT_DIM + span.rows
+        try:
+            yield
+        except InputFileError as error:
+            if error.line is None or error.line != self._cut_line():
+                raise
+            raise file_ends(self.path, self.count, rows, error.line, cut_short=True) from None
+        if span.rows < wanted * INPUT_DIM:
+            raise file_ends(self.path, self.count, rows, self._source.lines_taken)
 
-    def finish(self) -> int | None:
-        """After all N images: the number of the first non-blank line that follows them, if any."""
+    def _cut_line(self) -> int | None:
+        """The number of the file's last line, once read, where it has no line end and could be a row cut short."""
+        unended = self._source.unended
+        return unended[0] if unended is not None and cut_row(unended[1], INPUT_DIM) else None
+
+    def finish(self) -> None:
+        """After all N images: an error where a line that follows them holds anything, as rows out of place or a
+        count too small would leave there."""
         assert self._taken is None, "finish() before the images taken ahead were read"
-        return self._source.lines_taken if self._source.take(1).rows else None
+        if self._source.take(1).rows:
+            message = f"data after the {self.count} images the first line announces (a count too small, or rows out of place?)"
+            raise InputFileError(self.path, message, self._source.lines_taken)
 
     def close(self) -> None:
         if self._taken is not None:  # before the pool and the windows go: a take ahead uses them
@@ -335,6 +337,18 @@ class SpanAhead:
             raise self._error
         assert self._span is not None
         return self._span
+
+
+def file_ends(path: str | os.PathLike, count: int, rows: int, line: int | None, cut_short: bool = False) -> InputFileError:
+    """The error of an input file whose first line announces `count` images and whose text ends after `rows` rows (the
+    last of them `cut_short`: a line with no line end that is not a row), at line `line`."""
+    image, row = divmod(rows - 1 if cut_short else rows, INPUT_DIM)
+    inside = f"file ends inside image {image + 1} of the {count} the first line announces"
+    if cut_short:
+        return InputFileError(path, f"{inside}: its row {row + 1} is cut short", line)
+    if row:
+        return InputFileError(path, f"{inside}, after {row} of its {INPUT_DIM} rows", line)
+    return InputFileError(path, f"file ends after {image} of the {count} images the first line announces", line)
 
 
 def _runs(pieces: list[Span]) -> tuple[tuple[int, int, int], ...]:

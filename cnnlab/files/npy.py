@@ -176,11 +176,10 @@ class NpyImageReader:
             got += part
         return got
 
-    def finish(self) -> int | None:
-        """After all N images: None, as a .npy file holds exactly the images its header announces; for a mapped file,
-        once it is checked whole, so that no output computed from a lost page is kept."""
+    def finish(self) -> None:
+        """After all N images: a .npy file holds exactly the images its header announces; a mapped one is checked
+        whole, so that no output computed from a lost page is kept."""
         self._check_whole()
-        return None
 
     def _check_whole(self) -> None:
         """Where a page was lost (the guard read it as zeros), or the file is shorter than mapped (its last page

@@ -37,6 +37,9 @@ if TYPE_CHECKING:
     from concurrent.futures import Executor, Future
 
 READ_BYTES = 1 << 23  # bytes per read() call: large enough to amortise it, small enough to stop quickly
+# The most bytes a take reads before it looks at its lines again: a line past MAX_LINE_BYTES is refused having taken at
+# most this much more memory, however many rows the take asked for.
+LINE_CHECK_BYTES = 4 * READ_BYTES
 # Where a window's bytes read ahead start: room before them for the bytes the last span left, carried there.
 AHEAD_GAP = 1 << 21
 
@@ -103,6 +106,7 @@ class TextSource:
         # Bytes per non-blank line, as the last span had them or the caller expects: sizes reads and walks (0: unknown).
         self.row_bytes = 0.0
         self.lines_taken = 0  # lines wholly before `start`, blank ones included
+        self.unended: tuple[int, bytes] | None = None  # the file's last line (number, bytes), once read, where it had no line end
 
     def reserve(self, nbytes: int) -> None:
         """Make every window hold spans of `nbytes` (and what is read ahead), so that none grows on the way."""
@@ -128,8 +132,10 @@ class TextSource:
         # Read what the rows still wanted should take: rows vary little in length (random values' text: a
         # few percent), and their sum over many rows far less. A line too long ends the reading: cut_rows names it.
         while self._total.rows < rows and not self._at_end and self._total.longest_line <= MAX_LINE_BYTES:
-            self._read_more(int(1.005 * (rows - self._total.rows) * self.row_bytes) + READ_BYTES // 32 if self.row_bytes else None)
-        self._read_ahead(rows)
+            wanted = int(1.005 * (rows - self._total.rows) * self.row_bytes) + READ_BYTES // 32 if self.row_bytes else None
+            self._read_more(None if wanted is None else min(wanted, LINE_CHECK_BYTES))
+        if self._total.longest_line <= MAX_LINE_BYTES:  # else this take is refused: nothing more is read for the next
+            self._read_ahead(rows)
         window = self._windows[self._current]
         prefixes = None
         try:
@@ -219,6 +225,8 @@ class TextSource:
             if self._filled > self._start and window[self._filled - 1] != ord("\n"):
                 window[self._filled] = ord("\n")  # the last line, ended like the others
                 self._filled += 1
+                last = window[self._start : self._filled - 1].tobytes().rsplit(b"\n", 1)[-1]
+                self.unended = (self.lines_taken + int(np.count_nonzero(window[self._start : self._filled] == ord("\n"))), last)
                 parts = [summarize(window, self._filled - 1, self._filled)]
         self._add(parts)
 
