@@ -8,10 +8,37 @@ import resource
 STANDARD_STREAM = "-"  # as a file name: standard input, or standard output for an output
 
 
+_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\", "'": "\\'"}
+
+
+def named(path: str | os.PathLike) -> str:
+    """A path as a user can type it back: as it is where every character is printable, else in the shell's $'...'
+    quoting, each byte that is not printable text escaped (a name that is not UTF-8, or that holds a newline)."""
+    text = os.fsdecode(path)
+    if text.isprintable():
+        return text
+    shown = []
+    for character in text:
+        if character in _ESCAPES:
+            shown.append(_ESCAPES[character])
+        elif character.isprintable():
+            shown.append(character)
+        else:  # a control character, or a byte that is not UTF-8 (os.fsdecode's surrogate escape)
+            shown += [f"\\x{byte:02x}" for byte in os.fsencode(character)]
+    return "$'" + "".join(shown) + "'"
+
+
 def shown(path: str | os.PathLike) -> str:
     """An output path as messages name it: `-` is standard output."""
-    path = os.fspath(path)
-    return "<stdout>" if path == STANDARD_STREAM else path
+    return "<stdout>" if os.fspath(path) == STANDARD_STREAM else named(path)
+
+
+def byte_size(nbytes: int) -> str:
+    """A number of bytes as a message says it: 812 bytes, 3.4 MB, 190 TB (powers of 1000, as disks are sold)."""
+    for unit, scale in (("PB", 10**15), ("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:,.0f} {unit}" if nbytes >= 1000 * scale else f"{nbytes / scale:.3g} {unit}"
+    return f"{nbytes} bytes"
 
 
 def memory_limit_note() -> str:
@@ -40,7 +67,7 @@ class InputFileError(CnnlabError):
         self.path = os.fspath(path)
         self.line = line
         self.message = message
-        where = "<stdin>" if self.path == STANDARD_STREAM else self.path
+        where = "<stdin>" if self.path == STANDARD_STREAM else named(self.path)
         where = where if line is None else f"{where}:{line}"
         super().__init__(f"{where}: {message}")
 

@@ -24,6 +24,7 @@ from cnnlab.errors import ArrayError, InputFileError
 from cnnlab.files.formats import ImageReader, open_images, open_outputs
 from cnnlab.files.labcsv import CsvBatch, CsvImageReader
 from cnnlab.files.npy import VIEW_IMAGES, NpyImageReader
+from cnnlab.files.safety import OutputSet
 from cnnlab.interrupts import join_through_signals
 from cnnlab.network import Backend, Cnn, ImageBatch, OutputBatch, first_nonfinite
 from cnnlab.progress import Progress
@@ -161,9 +162,11 @@ def make_backend(
 
 
 def run_network(
-    backend: Backend, input_path: str | os.PathLike, output_path: str | os.PathLike, read_ahead: bool = True
+    backend: Backend, input_path: str | os.PathLike, output_path: str | os.PathLike, read_ahead: bool = True,
+    together: OutputSet | None = None,
 ) -> RunStats:
-    """Compute the outputs of every image in `input_path` and write them to `output_path`.
+    """Compute the outputs of every image in `input_path` and write them to `output_path` (where `together` is given, one
+    of that set of outputs, placed with the others at the end of its `with` block).
 
     A backend that parses CSV itself (`csv_text`, the GPU) gets CSV input as text batches read
     into its page-locked memory; every other input is parsed here into its image buffers. Without
@@ -172,7 +175,10 @@ def run_network(
     """
     slots = 2 if read_ahead else 1
     text = backend.csv_text
-    with open_images(input_path, backend if text else None, backend.threads) as reader, open_outputs(output_path, reader.count) as output:
+    with (
+        open_images(input_path, backend if text else None, backend.threads) as reader,
+        open_outputs(output_path, reader.count, together) as output,
+    ):
         if text and isinstance(reader, CsvImageReader):
             batch_size = min(text.batch_images, reader.count, reader.capacity)
             reader.reserve_text(batch_size)

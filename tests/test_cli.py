@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -310,3 +311,25 @@ def test_help_wraps_at_the_terminal_width(columns: int) -> None:
     result = subprocess.run(command, env={**SUBPROCESS_ENV, "COLUMNS": str(columns)}, capture_output=True, text=True, timeout=300)
     widest = max(map(len, result.stdout.splitlines()))
     assert result.returncode == 0 and columns - 12 <= widest <= columns, result.stdout
+
+
+def test_a_file_name_that_is_not_text_is_shown_as_it_can_be_typed(tmp_path: Path, rng: np.random.Generator) -> None:
+    """A name's bytes that are not UTF-8, or a newline in it, are shown in the shell's $'...' quoting, as typed back."""
+    cnn_path, input_path = write_files(tmp_path, random_cnn(rng), random_values(rng, 1, 100, 100))
+    missing = os.fsdecode(bytes(tmp_path) + b"/\xff\xfe.csv")
+    message = assert_one_line_error(cnnlab("cpu", cnn_path, missing, tmp_path / "out.csv"))
+    assert message == f"cnnlab: $'{tmp_path}/\\xff\\xfe.csv': no such file\n"
+    folder = tmp_path / "a\nb"
+    folder.write_text("")
+    message = assert_one_line_error(cnnlab("cpu", cnn_path, input_path, folder / "out.csv"))
+    assert message.startswith(f"cnnlab: $'{tmp_path}/a\\nb/out.csv': cannot write here: ")
+
+
+def test_generate_refuses_what_the_disk_cannot_hold_before_writing(tmp_path: Path) -> None:
+    result = cnnlab("generate", "--images", "1000000000000000", "--out-dir", tmp_path / "gen")
+    message = assert_one_line_error(result)
+    assert re.fullmatch(r"cnnlab: .*gen: the files would take about 187,000 PB, and its file system has .* free\n", message)
+    limited = cnnlab("generate", "--images", "1000", "--out-dir", tmp_path / "gen",
+                     preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (10 << 20, resource.RLIM_INFINITY)))  # fmt: skip
+    assert "in.csv would take about 187 MB, past the file-size limit of 10.5 MB (ulimit -f)" in assert_one_line_error(limited)
+    assert not (tmp_path / "gen").exists()

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from helpers import SUBPROCESS_ENV, TIMING_LINE, assert_one_line_error, cnnlab, cpu_outputs, random_cnn, why_no_gpu, write_files
 
+from cnnlab.cli import main as cli
 from cnnlab.cpu.backend import CpuBackend
 from cnnlab.errors import InputFileError
 from cnnlab.files import npy
@@ -104,16 +105,45 @@ def test_a_full_file_system_is_one_line_and_keeps_the_old_output(tmp_path: Path,
     assert "status=2" in lines and sorted(lines[2:6]) == [".", "..", "filler", "out.csv"] and lines[-1] == "old"
 
 
-def test_a_full_standard_output_is_one_line(tmp_path: Path, run_files: tuple[Path, Path, bytes]) -> None:
+def test_a_full_standard_output_is_one_line_and_keeps_nothing(tmp_path: Path, run_files: tuple[Path, Path, bytes]) -> None:
+    """The lab's line, or --timing-json, that cannot be written fails the run before anything is renamed into place: the
+    output file and the JSON file are as they were."""
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full here")
     cnn_path, input_path, _ = run_files
+    output, timing = tmp_path / "out" / "out.csv", tmp_path / "out" / "timing.json"
+    output.parent.mkdir()
+    output.write_text("previous\n")
     with open("/dev/full", "w") as full:
-        for args in (["cpu", cnn_path, input_path, tmp_path / "out.csv"], ["cpu", cnn_path, input_path, "-"]):
+        for args in (["cpu", cnn_path, input_path, output, "--timing-json", timing], ["cpu", cnn_path, input_path, "-"]):
             message = assert_one_line_error(cnnlab(*args, stdout=full))
             assert message == "cnnlab: <stdout>: cannot write: No space left on device\n"
-        # The run whose outputs went to a file kept them: only the lab's timing line was lost.
-        assert (tmp_path / "out.csv").stat().st_size > 0
+    message = assert_one_line_error(cnnlab("cpu", cnn_path, input_path, output, "--timing-json", "/dev/full"))
+    assert message == "cnnlab: /dev/full: cannot write: No space left on device\n"
+    assert output.read_text() == "previous\n" and sorted(output.parent.iterdir()) == [output]
+
+
+def test_a_signal_after_the_last_write_leaves_every_path_as_it_was(
+    tmp_path: Path, run_files: tuple[Path, Path, bytes], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every output is written before any is renamed: a signal that arrives between the lab's line and the renames (here:
+    as the line is printed) leaves the output and --timing-json files as they were, and no temporary file."""
+    from cnnlab import interrupts
+    from cnnlab.cli import commands
+
+    cnn_path, input_path, _ = run_files
+    output, timing = tmp_path / "out" / "out.csv", tmp_path / "out" / "timing.json"
+    output.parent.mkdir()
+    output.write_text("previous\n")
+
+    def interrupted(text: str, stream: object = None) -> None:
+        interrupts._raise_for(signal.SIGTERM, None)
+
+    monkeypatch.setattr(commands, "say", interrupted)
+    monkeypatch.setattr(interrupts, "_received", [])
+    assert cli.main(["cpu", str(cnn_path), str(input_path), str(output), "--timing-json", str(timing)]) == 128 + signal.SIGTERM
+    assert capsys.readouterr().err == "cnnlab: terminated\n"
+    assert output.read_text() == "previous\n" and sorted(output.parent.iterdir()) == [output]
 
 
 def test_a_pipe_closed_early_ends_the_run_quietly(run_files: tuple[Path, Path, bytes]) -> None:

@@ -9,14 +9,14 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from cnnlab import interrupts
-from cnnlab.errors import STANDARD_STREAM, DeviceError, OutputFileError, UsageError, shown
+from cnnlab.errors import STANDARD_STREAM, DeviceError, OutputFileError, UsageError, named, shown
 from cnnlab.files.labcsv import read_cnn
-from cnnlab.files.safety import AtomicOutput, output_target, refuse_same_file, writing
+from cnnlab.files.safety import AtomicOutput, OutputSet, output_target, refuse_same_file, writing
 from cnnlab.resources import resource_dir
-from cnnlab.run import make_backend, run_network
+from cnnlab.run import RunStats, make_backend, run_network
 
 DEFAULT_OUTPUTS = {"cpu": Path("out/out.csv"), "cuda": Path("out/out_cuda.csv")}
 
@@ -56,31 +56,40 @@ def run(args: argparse.Namespace) -> int:
         refuse_same_file(args.timing_json, {"input file": input_path, "CNN file": cnn_path, "output file": output_path})
     cnn = read_cnn(cnn_path)
     gpus = named_gpus(args.devices, args.device)
-    with make_backend(args.mode, cnn, args.batch, args.host_parse, args.kernel, args.threads, gpus) as backend:
-        interrupts.raise_if_received()  # the backend's modules were imported just now
-        stats = run_network(backend, input_path, output_path, read_ahead=args.read_ahead)
-        device = backend.device
-    # With the outputs on standard output (`-`, /dev/stdout), the lab's line goes to stderr: the outputs stay a clean file.
-    say(f"{stats.work_microseconds} microseconds of actual work done", sys.stderr if output.descriptor == 1 else sys.stdout)
-    if args.timing_json is not None:
-        import json  # here: 2 ms of every other run's start-up
-
-        figures = {
-            "mode": args.mode,
-            "device": device,
-            "images": stats.images,
-            "batch_size": stats.batch_size,
-            "work_seconds": stats.work_seconds,
-            "work_microseconds": stats.work_microseconds,
-            "images_per_second": stats.images_per_second,
-            "loop_seconds": stats.loop_seconds,
-            "loop_images_per_second": stats.images / stats.loop_seconds,
-            "startup_seconds": stats.startup_seconds,
-        }
-        with AtomicOutput(args.timing_json) as out:
-            json.dump(figures, out, indent=2)
-            out.write("\n")
+    # Every write first (the outputs, --timing-json, the lab's line), every rename last: a failure or a signal anywhere
+    # before leaves each path as it was.
+    with OutputSet() as together:
+        with make_backend(args.mode, cnn, args.batch, args.host_parse, args.kernel, args.threads, gpus) as backend:
+            interrupts.raise_if_received()  # the backend's modules were imported just now
+            stats = run_network(backend, input_path, output_path, args.read_ahead, together)
+            device = backend.device
+        if args.timing_json is not None:
+            with AtomicOutput(args.timing_json, together=together) as out:
+                write_timing_json(out, args.mode, device, stats)
+        # With the outputs on standard output (`-`, /dev/stdout), the lab's line goes to stderr: the outputs stay a clean file.
+        say(f"{stats.work_microseconds} microseconds of actual work done", sys.stderr if output.descriptor == 1 else sys.stdout)
+        flush_stdout()
     return 0
+
+
+def write_timing_json(out: Any, mode: str, device: str, stats: RunStats) -> None:
+    """--timing-json's figures of a run, as a JSON object."""
+    import json  # here: 2 ms of every other run's start-up
+
+    figures = {
+        "mode": mode,
+        "device": device,
+        "images": stats.images,
+        "batch_size": stats.batch_size,
+        "work_seconds": stats.work_seconds,
+        "work_microseconds": stats.work_microseconds,
+        "images_per_second": stats.images_per_second,
+        "loop_seconds": stats.loop_seconds,
+        "loop_images_per_second": stats.images / stats.loop_seconds,
+        "startup_seconds": stats.startup_seconds,
+    }
+    json.dump(figures, out, indent=2)
+    out.write("\n")
 
 
 def convert(args: argparse.Namespace) -> int:
@@ -98,7 +107,7 @@ def generate(args: argparse.Namespace) -> int:
     from cnnlab.generate import generate
 
     cnn_path, input_path = generate(args.out_dir, args.images, args.seed)
-    print(f"cnnlab: wrote {cnn_path} and {input_path} ({args.images} images)", file=sys.stderr)
+    print(f"cnnlab: wrote {named(cnn_path)} and {named(input_path)} ({args.images} images)", file=sys.stderr)
     return 0
 
 

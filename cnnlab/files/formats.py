@@ -11,6 +11,7 @@ from typing import Protocol
 import numpy as np
 
 from cnnlab.files import labcsv, npy
+from cnnlab.files.safety import OutputSet
 from cnnlab.files.text import TextMemory
 from cnnlab.network import OutputBatch
 
@@ -62,9 +63,9 @@ def open_images(path: str | os.PathLike, text_memory: TextMemory | None = None, 
     return npy.NpyImageReader(path, threads) if is_npy(path) else labcsv.CsvImageReader(path, threads, text_memory)
 
 
-def open_outputs(path: str | os.PathLike, count: int) -> OutputWriter:
-    """The writer for the `count` outputs of a run, in the format `path` names."""
-    return npy.npy_output(path, count) if is_npy(path) else labcsv.CsvOutputWriter(path)
+def open_outputs(path: str | os.PathLike, count: int, together: OutputSet | None = None) -> OutputWriter:
+    """The writer for the `count` outputs of a run, in the format `path` names; kept with the set `together`, if given."""
+    return npy.npy_output(path, count, together) if is_npy(path) else labcsv.CsvOutputWriter(path, together)
 
 
 def read_outputs(path: str | os.PathLike) -> list[list[float]]:

@@ -18,7 +18,7 @@ import numpy as np
 from cnnlab.errors import InputFileError
 from cnnlab.files.lines import Span, native, scan_rows, warn_if_slow
 from cnnlab.files.rows import Layout, RowPlace, check_lines, check_text, cut_row, parse_rows, shorten
-from cnnlab.files.safety import AtomicOutput, open_for_reading
+from cnnlab.files.safety import AtomicOutput, OutputSet, open_for_reading
 from cnnlab.files.text import READ_BYTES, TextMemory, TextSource
 from cnnlab.network import (
     CONV_LAYER_SIZE,
@@ -366,10 +366,10 @@ def format_rows(rows: np.ndarray) -> str:
 
 
 class CsvOutputWriter:
-    """The lab's output file: one line of 10 values per image, in shortest round-trip form."""
+    """The lab's output file: one line of 10 values per image, in shortest round-trip form (one of a set `together`)."""
 
-    def __init__(self, path: str | os.PathLike) -> None:
-        self._output = AtomicOutput(path)
+    def __init__(self, path: str | os.PathLike, together: OutputSet | None = None) -> None:
+        self._output = AtomicOutput(path, together=together)
 
     def __enter__(self) -> CsvOutputWriter:
         self._file = self._output.__enter__()

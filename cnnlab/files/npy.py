@@ -23,7 +23,7 @@ from typing import IO, Any
 import numpy as np
 
 from cnnlab.errors import InputFileError
-from cnnlab.files.safety import AtomicOutput, open_for_reading, reading
+from cnnlab.files.safety import AtomicOutput, OutputSet, open_for_reading, reading
 from cnnlab.files.text import READ_BYTES, read_at, wait_readable
 from cnnlab.network import IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OutputBatch, default_threads, unsized_capacity
 
@@ -203,10 +203,11 @@ class NpyImageReader:
 
 
 class NpyWriter:
-    """A .npy file of `shape`, written in row batches behind a header that already holds the full shape."""
+    """A .npy file of `shape`, written in row batches behind a header that already holds the full shape (one of a set
+    `together`)."""
 
-    def __init__(self, path: str | os.PathLike, shape: tuple[int, ...]) -> None:
-        self._output = AtomicOutput(path, binary=True)
+    def __init__(self, path: str | os.PathLike, shape: tuple[int, ...], together: OutputSet | None = None) -> None:
+        self._output = AtomicOutput(path, binary=True, together=together)
         self._shape = shape
         self._rows = 0
 
@@ -233,9 +234,9 @@ class NpyWriter:
             raise AssertionError(f"{self._rows} rows written where the header announces {self._shape[0]}")
 
 
-def npy_output(path: str | os.PathLike, count: int) -> NpyWriter:
+def npy_output(path: str | os.PathLike, count: int, together: OutputSet | None = None) -> NpyWriter:
     """The (count, 10) outputs of a run as a .npy file."""
-    return NpyWriter(path, (count, OUT_LAYER_SIZE))
+    return NpyWriter(path, (count, OUT_LAYER_SIZE), together)
 
 
 def read_output_rows(path: str | os.PathLike) -> list[list[float]]:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, BinaryIO
 
-from cnnlab.errors import STANDARD_STREAM, InputFileError, OutputFileError, shown
+from cnnlab.errors import STANDARD_STREAM, InputFileError, OutputFileError, named, shown
 from cnnlab.interrupts import held
 
 # The temporary file is made readable by its owner only; outputs get the usual mode (0666 less the umask).
@@ -120,7 +120,7 @@ def output_target(path: str | os.PathLike) -> OutputTarget:
     if not path:
         raise OutputFileError("an output's file name is empty")
     if path.endswith(os.sep):
-        raise OutputFileError(f"{path}: names a directory (it ends in {os.sep}), not a file")
+        raise OutputFileError(f"{named(path)}: names a directory (it ends in {os.sep}), not a file")
     descriptor = _inherited_descriptor(path)
     if descriptor is not None:
         return OutputTarget(path, path, Placement.DIRECT, descriptor)
@@ -129,10 +129,10 @@ def output_target(path: str | os.PathLike) -> OutputTarget:
     except FileNotFoundError:
         status = None
     except OSError as error:  # a loop of links, a file where a folder should be, ...
-        raise OutputFileError(f"{path}: cannot write here: {error.strerror or error}") from None
+        raise OutputFileError(f"{named(path)}: cannot write here: {error.strerror or error}") from None
     target = os.path.realpath(path)
     if (status is not None and stat.S_ISDIR(status.st_mode)) or os.path.isdir(target):  # `missing/..` too
-        raise OutputFileError(f"{path}: is a directory, not a file")
+        raise OutputFileError(f"{named(path)}: is a directory, not a file")
     if status is not None and not stat.S_ISREG(status.st_mode):  # a FIFO, a device, a socket: written through
         return OutputTarget(path, path, Placement.DIRECT)
     _check_folder(path, target)
@@ -145,12 +145,12 @@ def _check_folder(path: str, target: str) -> None:
     while not os.path.lexists(folder):
         folder = os.path.dirname(folder)
     if not os.path.isdir(folder):
-        raise OutputFileError(f"{path}: cannot write here: {folder} is not a directory")
+        raise OutputFileError(f"{named(path)}: cannot write here: {named(folder)} is not a directory")
     if not os.access(folder, os.W_OK | os.X_OK):
-        raise OutputFileError(f"{path}: cannot write here: {folder} is not writable")
+        raise OutputFileError(f"{named(path)}: cannot write here: {named(folder)} is not writable")
     name_bytes, limit = len(os.fsencode(os.path.basename(target))), _name_limit(folder)
     if name_bytes > limit:
-        raise OutputFileError(f"{path}: file name too long ({name_bytes} bytes; this file system allows {limit})")
+        raise OutputFileError(f"{named(path)}: file name too long ({name_bytes} bytes; this file system allows {limit})")
 
 
 def _name_limit(folder: str) -> int:
@@ -201,7 +201,7 @@ def refuse_same_files(outputs: Iterable[str | os.PathLike], others: Iterable[tup
         found = [known[key] for key in _identities(output) if key in known]
         if found:
             _, role, other = min(found, key=lambda entry: entry[0])
-            raise OutputFileError(f"{output}: is the {role} {other}; refusing to write over it")
+            raise OutputFileError(f"{named(output)}: is the {role} {named(other)}; refusing to write over it")
 
 
 def _identities(path: str | os.PathLike) -> list[tuple[int, int] | str]:
@@ -246,16 +246,20 @@ class AtomicOutput:
     """An output file that appears only whole (see the module's docstring for links, devices and `-`).
 
     A failure or interruption inside the `with` block removes the temporary file and leaves any
-    existing file at the target untouched.
+    existing file at the target untouched. Where it is one of a set (`together`), the end of its
+    `with` block only finishes the file, and the set renames it with the others once all are written.
     """
 
-    def __init__(self, path: str | os.PathLike, binary: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike, binary: bool = False, together: OutputSet | None = None) -> None:
         self.path = path
         self._binary = binary
+        self._together = together
         self._file: IO[Any] | None = None
         self._temporary: str | None = None
 
     def open(self) -> _GuardedStream:
+        if self._together is not None:
+            self._together.add(self)
         target = self._target = output_target(self.path)
         try:
             return self._open(target)
@@ -291,6 +295,7 @@ class AtomicOutput:
 
     def place(self) -> None:
         """Rename the finished file onto its target (nothing to do for a direct output)."""
+        assert self._file is None or self._file.closed, "place() before finish()"
         if self._temporary is not None:
             with writing(self._target.path):
                 os.replace(self._temporary, self._target.target)
@@ -319,26 +324,35 @@ class AtomicOutput:
         return self.open()
 
     def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
-        if exc_type is None:
-            self.commit()
-        else:
+        if exc_type is not None:
             self.discard()
+        elif self._together is not None:
+            self.finish()
+        else:
+            self.commit()
 
 
-@contextmanager
-def written_together(*outputs: AtomicOutput) -> Iterator[list[_GuardedStream]]:
-    """Several outputs that appear together or not at all: renamed one after another with signals held
-    (a signal may reach any thread, OpenBLAS's too, so blocking it in this one would not do)."""
-    streams: list[_GuardedStream] = []
-    try:
-        for output in outputs:
-            streams.append(output.open())
-        yield streams
-        for output in outputs:
-            output.finish()
-        with held():
-            for output in outputs:
-                output.place()
-    finally:
-        for output in outputs:
-            output.discard()
+class OutputSet:
+    """Outputs that appear together, once the last of them is written, or not at all: each is written to its temporary
+    file as it comes (AtomicOutput(path, together=the set)), and all are renamed at the end of the set's `with` block, one
+    after another with signals held (a signal may reach any thread, OpenBLAS's too, so blocking it in this one would not
+    do). A failure or a signal before then leaves every path as it was."""
+
+    def __init__(self) -> None:
+        self._outputs: list[AtomicOutput] = []
+
+    def add(self, output: AtomicOutput) -> None:
+        self._outputs.append(output)
+
+    def __enter__(self) -> OutputSet:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        try:
+            if exc_type is None:
+                with held():
+                    for output in self._outputs:
+                        output.place()
+        finally:
+            for output in self._outputs:
+                output.discard()
