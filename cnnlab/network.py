@@ -7,9 +7,11 @@ can trust what they are handed.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import queue
+import resource
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from cnnlab.errors import ArrayError
+from cnnlab.errors import ArrayError, ResourceError, byte_size, memory_limit_note
 from cnnlab.interrupts import join_through_signals
 
 if TYPE_CHECKING:
@@ -73,16 +75,40 @@ def default_threads() -> int:
     return threads if threads > 0 else len(os.sched_getaffinity(0))
 
 
-def own_pages(nbytes: int) -> np.ndarray:
+def own_pages(nbytes: int, what: str) -> np.ndarray:
     """`nbytes` bytes (uint8) on pages of their own (an anonymous mapping, shared with no other object), huge where the
-    kernel gives them: a buffer of hundreds of MB is then a few hundred faults to fill, not a hundred thousand."""
-    pages = mmap.mmap(-1, max(nbytes, 1))
+    kernel gives them: a buffer of hundreds of MB is then a few hundred faults to fill, not a hundred thousand. Where the
+    system will not map them, a ResourceError naming `what` they were for and how much was asked."""
+    try:
+        pages = mmap.mmap(-1, max(nbytes, 1))
+    except OSError as error:
+        reason = "out of memory" if error.errno == errno.ENOMEM else error.strerror or str(error)
+        raise ResourceError(f"{reason}: {what} of {byte_size(nbytes)} cannot be mapped{memory_limit_note()}") from None
     if nbytes >= HUGE_PAGES_FROM and hasattr(mmap, "MADV_HUGEPAGE"):
         try:
             pages.madvise(mmap.MADV_HUGEPAGE)
         except OSError:  # no transparent huge pages here: ordinary ones
             pass
     return np.frombuffer(pages, np.uint8, nbytes)
+
+
+# Address space kept free under a limit (ulimit -v) beside what a run plans: numpy's temporaries, the outputs' text, the
+# native forward's scratch, and the stacks of the threads a run starts (three a core at most: the parse's, the native
+# pool's, the reads'; each as large as the stack limit, 8 MB by default, counts against the address space).
+ADDRESS_SPACE_RESERVE = 64 << 20
+
+
+def fits(nbytes: int, threads: int) -> bool:
+    """Whether `nbytes` more can be mapped under the address-space limit (ulimit -v), where one is set, with room to spare
+    for a run on `threads` threads (ADDRESS_SPACE_RESERVE)."""
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if limit == resource.RLIM_INFINITY:
+        return True
+    with open("/proc/self/statm") as statm:
+        mapped = int(statm.read().split()[0]) * mmap.PAGESIZE
+    stack = resource.getrlimit(resource.RLIMIT_STACK)[0]
+    stack = 8 << 20 if stack == resource.RLIM_INFINITY else stack
+    return mapped + nbytes + ADDRESS_SPACE_RESERVE + 3 * threads * stack <= limit
 
 
 def unsized_capacity(count: int) -> int:

@@ -26,7 +26,7 @@ from cnnlab.files.labcsv import CsvBatch, CsvImageReader
 from cnnlab.files.npy import VIEW_IMAGES, NpyImageReader
 from cnnlab.files.safety import OutputSet
 from cnnlab.interrupts import join_through_signals
-from cnnlab.network import Backend, Cnn, ImageBatch, OutputBatch, first_nonfinite
+from cnnlab.network import IMAGE_BYTES, Backend, Cnn, ImageBatch, OutputBatch, first_nonfinite, fits
 from cnnlab.progress import Progress
 
 Batch = ImageBatch | CsvBatch
@@ -126,6 +126,16 @@ def fill_images(reader: ImageReader, buffer: np.ndarray, stop: threading.Event) 
     return ImageBatch(buffer[:count]) if count else None
 
 
+def fit_batch(reader: ImageReader, batch_size: int, slots: int, threads: int) -> int:
+    """The batch, halved (and the reader's step with it) until `slots` image buffers of it and the reader's own memory fit
+    under an address-space limit (ulimit -v), where one is set: a modest file then runs under a modest limit, in smaller
+    steps, and only what cannot fit in a batch of one image is refused (as the allocation fails, in one line)."""
+    while batch_size > 1 and not fits(slots * batch_size * IMAGE_BYTES + reader.text_memory(min(reader.step, batch_size)), threads):
+        batch_size = (batch_size + 1) // 2
+    reader.step = min(reader.step, batch_size)
+    return batch_size
+
+
 def _view_images(reader: NpyImageReader, images: int, slot: Any, stop: threading.Event) -> ImageBatch | None:
     """The next batch of a mapped .npy file, in place (nothing to fill: a slot is only a turn)."""
     view = reader.next_view(images)
@@ -191,6 +201,7 @@ def run_network(
             if mapped:
                 read, buffers = partial(_view_images, reader, batch_size), [None] * slots
             else:
+                batch_size = fit_batch(reader, batch_size, slots, backend.threads)
                 read, buffers = partial(fill_images, reader), [backend.allocate_images(batch_size) for _ in range(slots)]
         progress = Progress(f"cnnlab {backend.name}", reader.count)
         work_seconds, startup_seconds, images_done = 0.0, None, 0

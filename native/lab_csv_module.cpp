@@ -75,6 +75,7 @@
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -324,7 +325,12 @@ PyObject *read_summarized(PyObject *, PyObject *args)
         return nullptr;
     }
     char *base = static_cast<char *>(window.view.buf);
-    std::vector<Piece> pieces((nbytes + PIECE_BYTES - 1) / PIECE_BYTES);
+    std::vector<Piece> pieces;
+    try {
+        pieces.resize((nbytes + PIECE_BYTES - 1) / PIECE_BYTES);
+    } catch (const std::bad_alloc &) {
+        return PyErr_NoMemory();
+    }
     for (size_t i = 0; i < pieces.size(); ++i) {
         pieces[i].start = at + static_cast<Py_ssize_t>(i) * PIECE_BYTES;
         pieces[i].wanted = std::min(PIECE_BYTES, nbytes - static_cast<Py_ssize_t>(i) * PIECE_BYTES);
@@ -339,7 +345,7 @@ PyObject *read_summarized(PyObject *, PyObject *args)
     try {
         for (size_t i = 1; i < std::min<size_t>(threads, pieces.size()); ++i)
             workers.emplace_back(work);
-    } catch (const std::system_error &) {  // no more threads: the others share the work
+    } catch (const std::exception &) {  // no more threads (or no memory for one): the others share the work
     }
     work();
     for (std::thread &worker : workers)
@@ -711,8 +717,12 @@ PyObject *format_rows(PyObject *, PyObject *arg)
     const Py_ssize_t rows = values.view.shape[0], columns = values.view.shape[1];
     const double *data = static_cast<const double *>(values.view.buf);
     std::string text;
+    try {
+        text.resize(static_cast<size_t>(rows) * (static_cast<size_t>(columns) * 32 + 1));
+    } catch (const std::bad_alloc &) {
+        return PyErr_NoMemory();
+    }
     Py_BEGIN_ALLOW_THREADS
-    text.resize(static_cast<size_t>(rows) * (static_cast<size_t>(columns) * 32 + 1));
     char *p = text.data();
     for (Py_ssize_t row = 0; row < rows; ++row) {
         for (Py_ssize_t column = 0; column < columns; ++column) {

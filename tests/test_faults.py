@@ -78,10 +78,12 @@ def test_a_file_size_limit_is_one_line_and_leaves_nothing_half_written(
         target.write_text("old\n")
     args = [part.format(cnn=cnn_path, input=input_path) for part in command] + [str(target)]
     message = assert_one_line_error(cnnlab(*args, preexec_fn=_file_size_limit(20_000)))
-    assert "File too large" in message and str(out_dir) in message
-    if output == "gen":
-        assert files_in(target) == [], "generate writes both files or neither"
+    assert str(out_dir) in message
+    if output == "gen":  # refused before anything is written
+        assert "in.csv would take about 56.1 MB, past the file-size limit of 20 kB (ulimit -f)" in message
+        assert not target.exists(), "generate writes both files or neither"
     else:
+        assert "File too large" in message
         assert files_in(out_dir) == [output] and target.read_text() == "old\n"
 
 
@@ -443,6 +445,39 @@ def test_a_huge_n_and_batch_size_buffers_by_the_file(tmp_path: Path, rng: np.ran
         assert "file ends after 2 of the 999999999999999999 images" in assert_one_line_error(result), source
 
 
+def test_a_modest_file_runs_under_a_modest_limit_in_smaller_steps(tmp_path: Path, rng: np.random.Generator) -> None:
+    """Under 300 MB of address space (numpy and the threads' stacks take half), the reader's steps and the batch shrink
+    until their buffers fit: the run gives the outputs it gives without a limit."""
+    cnn_path, input_path = write_files(tmp_path, random_cnn(rng), random_values(rng, 200, 100, 100))
+    assert cnnlab("cpu", cnn_path, input_path, tmp_path / "free.csv", "--threads", "2").returncode == 0
+    limit = lambda: resource.setrlimit(resource.RLIMIT_AS, (300 << 20, 300 << 20))  # noqa: E731
+    result = cnnlab("cpu", cnn_path, input_path, tmp_path / "limited.csv", "--threads", "2", preexec_fn=limit)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "limited.csv").read_bytes() == (tmp_path / "free.csv").read_bytes()
+    # A count of 10^12 images on a pipe and a batch of 10^9: buffers fit the limit, and the input's end is the error.
+    reader, writer = os.pipe()
+    os.write(writer, b"1000000000000\n")
+    os.close(writer)
+    with os.fdopen(reader) as pipe:
+        result = cnnlab("cpu", cnn_path, "-", tmp_path / "out.csv", "--batch", "1000000000", stdin=pipe, preexec_fn=limit)
+    assert "file ends after 0 of the 1000000000000 images" in assert_one_line_error(result)
+
+
+def test_memory_the_system_will_not_map_is_named_with_its_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+    import mmap
+
+    from cnnlab.errors import ResourceError
+    from cnnlab.network import own_pages
+
+    def refused(*args: object) -> None:
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    monkeypatch.setattr(mmap, "mmap", refused)
+    with pytest.raises(ResourceError, match=r"^out of memory: an image buffer of 1.6 GB cannot be mapped"):
+        own_pages(20_000 * 80_000, "an image buffer")
+
+
 @pytest.mark.parametrize("megabytes", [100, 180, 250, 400, 2000])
 @pytest.mark.parametrize("mode", RUN_MODES)
 def test_a_low_memory_limit_is_a_result_or_one_line(tmp_path: Path, rng: np.random.Generator, megabytes: int, mode: str) -> None:
@@ -574,10 +609,11 @@ def test_a_signal_between_two_renames_waits_for_the_second(tmp_path: Path, monke
     # generate's pair: a SIGTERM that arrives after the first rename (from any thread: OpenBLAS's too) is raised
     # only once both files are in place.
     from cnnlab import interrupts
-    from cnnlab.files.safety import AtomicOutput, written_together
+    from cnnlab.files.safety import AtomicOutput, OutputSet
 
     previous = {signum: signal.getsignal(signum) for signum in interrupts.SIGNAL_EXITS}
-    first, second = AtomicOutput(tmp_path / "cnn.csv"), AtomicOutput(tmp_path / "in.csv")
+    together = OutputSet()
+    first, second = AtomicOutput(tmp_path / "cnn.csv", together=together), AtomicOutput(tmp_path / "in.csv", together=together)
     place = AtomicOutput.place
 
     def place_then_signal(self: AtomicOutput) -> None:
@@ -589,7 +625,7 @@ def test_a_signal_between_two_renames_waits_for_the_second(tmp_path: Path, monke
     try:
         interrupts.install()
         with pytest.raises(interrupts.Terminated):
-            with written_together(first, second) as (cnn_out, input_out):
+            with together, first as cnn_out, second as input_out:
                 cnn_out.write("new cnn\n")
                 input_out.write("new input\n")
     finally:

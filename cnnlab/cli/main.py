@@ -51,8 +51,9 @@ def _ended_by(error: BaseException) -> int:
         if sys.stdout is not None:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + signal.SIGPIPE
-    if isinstance(error, MemoryError):
-        error = ResourceError(f"out of memory{memory_limit_note()}: try a smaller --batch, or a machine with more memory")
+    if isinstance(error, MemoryError):  # numpy's says how much was asked for what shape; the native modules' says nothing
+        asked = str(error) or "an allocation failed"
+        error = ResourceError(f"out of memory{memory_limit_note()}: {asked}; try a smaller --batch, or a machine with more memory")
     elif isinstance(error, RuntimeError) and str(error) == "can't start new thread":  # threading's words for ENOMEM/EAGAIN
         error = ResourceError(f"cannot start a thread{memory_limit_note()}")
     if not isinstance(error, CnnlabError):

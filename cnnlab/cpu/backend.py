@@ -55,7 +55,7 @@ class CpuBackend:
 
     def allocate_images(self, count: int) -> np.ndarray:
         """A buffer on pages of its own, huge where the kernel gives them: the reader fills it with few faults."""
-        return own_pages(count * IMAGE_BYTES).view(np.float64).reshape(count, INPUT_DIM, INPUT_DIM)
+        return own_pages(count * IMAGE_BYTES, "an image buffer").view(np.float64).reshape(count, INPUT_DIM, INPUT_DIM)
 
     def compute(self, batch: ImageBatch, check_finite: bool = False) -> OutputBatch:
         """The batch's outputs; `check_finite`: an ArrayError where an image holds a NaN or an infinity."""

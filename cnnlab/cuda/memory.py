@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from cnnlab.errors import byte_size
 from cnnlab.network import own_pages
 
 # Page-locked buffers are registered portable: every context of the process (a GPU each, with several GPUs) copies
@@ -44,7 +45,10 @@ class Allocator:
         self._host: list[np.ndarray] = []
 
     def device(self, nbytes: int) -> Any:
-        allocation = self._driver.mem_alloc(nbytes)
+        try:
+            allocation = self._driver.mem_alloc(nbytes)
+        except self._driver.Error as error:  # the driver's words, and how much was asked
+            raise type(error)(f"{error} (device memory of {byte_size(nbytes)})") from None
         with self._lock:
             self._device.append(allocation)
         return allocation
@@ -57,10 +61,13 @@ class Allocator:
         numpy 2's arrays, hence the driver's call through ctypes."""
         dtype = np.dtype(dtype)
         nbytes = math.prod(shape if isinstance(shape, tuple) else (shape,)) * dtype.itemsize
-        buffer = own_pages(nbytes).view(dtype).reshape(shape)
+        buffer = own_pages(nbytes, "a page-locked buffer").view(dtype).reshape(shape)
         if nbytes:
             address = buffer.ctypes.data
-            self._call("cuMemHostRegister_v2", ctypes.c_void_p(address), ctypes.c_size_t(nbytes), ctypes.c_uint(HOST_REGISTER_PORTABLE))
+            try:
+                self._call("cuMemHostRegister_v2", ctypes.c_void_p(address), ctypes.c_size_t(nbytes), ctypes.c_uint(HOST_REGISTER_PORTABLE))
+            except self._driver.Error as error:
+                raise type(error)(f"{error} (a page-locked buffer of {byte_size(nbytes)})") from None
             with _PAGE_LOCKED_LOCK:
                 _PAGE_LOCKED.append((address, address + nbytes))
         with self._lock:

@@ -26,6 +26,10 @@ class ImageReader(Protocol):
     images_read: int
     step: int  # images per read_into() call that keep a read both efficient and quick to stop
 
+    def text_memory(self, images: int) -> int:
+        """The memory the reader takes, besides the caller's buffers, for steps of `images` images (a CSV file's text)."""
+        ...
+
     def read_into(self, out: np.ndarray, next_images: int = 0) -> int:
         """Fill the leading images of `out` with the next ones; return how many. `next_images`: how many the next call
         will ask for (0: unknown), which a reader may prepare meanwhile; the next call must then ask for that many."""

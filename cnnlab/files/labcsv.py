@@ -249,7 +249,15 @@ class CsvImageReader:
         """Make the windows hold the text of `images` images (from the file's bytes per image) before read_text
         reads batches that size: page-locked windows are made before the run, as its image buffers are."""
         assert self._taken is None, "reserve_text() after read_into() that takes ahead"
-        self._source.reserve(int(1.1 * self._source.row_bytes * INPUT_DIM * min(images, self.count)) + READ_BYTES // 32)
+        self._source.reserve(self._text_bytes(images))
+
+    def text_memory(self, images: int) -> int:
+        """The memory the text windows take for steps of `images` images."""
+        return self._source.window_bytes(self._text_bytes(images))
+
+    def _text_bytes(self, images: int) -> int:
+        """The text of `images` images, from the file's bytes per row (a guess before the first span), with slack."""
+        return int(1.1 * self._source.row_bytes * INPUT_DIM * min(images, self.count)) + READ_BYTES // 32
 
     def read_text(self, images: int, chunk: int) -> CsvBatch | None:
         """The text of the next `images` images (fewer at the end), unparsed, cut into chunks of

@@ -117,6 +117,10 @@ class NpyImageReader:
         self._images: np.ndarray | None = None  # its images, in place
         self._dropped = self._last_view = 0  # the images whose pages are unmapped again; the first of the last view
 
+    def text_memory(self, images: int) -> int:
+        """No text: a .npy file is read straight into the image buffers."""
+        return 0
+
     def map(self) -> bool:
         """Map the file, so that next_view() hands its images over in place: no copy out of the page cache. False where
         read_into() stays the way: a pipe, no native guard built, or a file the system will not map (ENODEV, ENOMEM)."""

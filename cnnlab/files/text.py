@@ -56,7 +56,7 @@ class HostMemory:
     """Windows in ordinary memory, on pages of their own (own_pages)."""
 
     def allocate_text(self, nbytes: int) -> np.ndarray:
-        return own_pages(nbytes)
+        return own_pages(nbytes, "a window of CSV text")
 
     def free_text(self, window: np.ndarray) -> None:
         pass
@@ -107,6 +107,10 @@ class TextSource:
         self.row_bytes = 0.0
         self.lines_taken = 0  # lines wholly before `start`, blank ones included
         self.unended: tuple[int, bytes] | None = None  # the file's last line (number, bytes), once read, where it had no line end
+
+    def window_bytes(self, nbytes: int) -> int:
+        """The memory the windows take for spans of `nbytes` (and what is read ahead), as reserve() makes them."""
+        return len(self._windows) * window_size(nbytes + AHEAD_GAP)
 
     def reserve(self, nbytes: int) -> None:
         """Make every window hold spans of `nbytes` (and what is read ahead), so that none grows on the way."""
