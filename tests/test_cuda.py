@@ -251,7 +251,7 @@ def _near_halfway(value: float, rng: np.random.Generator) -> str:
 def _spelled(rng: np.random.Generator, images: np.ndarray, crlf: bool) -> str:
     """The lab's input file for `images`, with every spelling float() takes, near-halfway decimals
     the device must hand to the host, a fully near-halfway image (too many for the device's list),
-    blank lines and, if asked, CRLF line ends."""
+    one to three blank lines (of spaces and tabs, some) between images and, if asked, CRLF line ends."""
     spellings = [lambda v: repr(v), lambda v: f"{v:+.6E}", lambda v: f"  {v!r}\t", lambda v: f"{v:.0f}.", lambda v: _near_halfway(v, rng)]
     lines = [str(len(images))]
     for index, image in enumerate(images):
@@ -261,9 +261,7 @@ def _spelled(rng: np.random.Generator, images: np.ndarray, crlf: bool) -> str:
             else:
                 fields = [spellings[int(k)](v) for k, v in zip(rng.integers(0, len(spellings), len(row)), row.tolist())]
             lines.append(",".join(fields))
-            if rng.random() < 0.05:
-                lines.append(" \t")
-        lines.append("")
+        lines += ["", " \t", ""][: int(rng.integers(1, 4))]
     return ("\r\n" if crlf else "\n").join(lines) + "\n"
 
 

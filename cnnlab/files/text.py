@@ -136,8 +136,7 @@ class TextSource:
         # Read what the rows still wanted should take: rows vary little in length (random values' text: a
         # few percent), and their sum over many rows far less. A line too long ends the reading: cut_rows names it.
         while self._total.rows < rows and not self._at_end and self._total.longest_line <= MAX_LINE_BYTES:
-            wanted = int(1.005 * (rows - self._total.rows) * self.row_bytes) + READ_BYTES // 32 if self.row_bytes else None
-            self._read_more(None if wanted is None else min(wanted, LINE_CHECK_BYTES))
+            self._read_more(int(1.005 * (rows - self._total.rows) * self.row_bytes) + READ_BYTES // 32 if self.row_bytes else None)
         if self._total.longest_line <= MAX_LINE_BYTES:  # else this take is refused: nothing more is read for the next
             self._read_ahead(rows)
         window = self._windows[self._current]
@@ -213,8 +212,9 @@ class TextSource:
         self._ahead = self._pool.submit(self._read_summarized, window, AHEAD_GAP, wanted, self._offset, self._ahead_threads)
 
     def _read_more(self, wanted: int | None) -> None:
-        """Read the next `wanted` bytes after those not yet taken, growing the window to hold them (if None: as
-        much as the window holds, or a block); one byte of room is kept for a last line's '\\n'."""
+        """Read the next `wanted` bytes after those not yet taken (LINE_CHECK_BYTES at most: the caller looks at the lines
+        before it reads on), growing the window to hold them all (if None: as much as the window holds, or a block); one
+        byte of room is kept for a last line's '\\n'."""
         window = self._windows[self._current]
         room = len(window) - 1 - self._filled
         if wanted is None or room >= READ_BYTES:  # what the window holds: it grows only when nearly full
@@ -222,7 +222,7 @@ class TextSource:
         if room < wanted:  # by half at least, so that a window grows a few times, not at every take
             self._grow(self._current, max(self._filled + wanted + 1, len(window) * 3 // 2))
         window = self._windows[self._current]
-        count, parts = self._read_into(window, wanted)
+        count, parts = self._read_into(window, min(wanted, LINE_CHECK_BYTES))
         self._filled += count
         if not count:
             self._at_end = True
