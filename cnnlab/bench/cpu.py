@@ -1,6 +1,8 @@
 """`cnnlab bench`'s cpu rows: the CPU backend's forward against reading its images once (the memory bound) and
 against its peers, all on the same threads and the same images in one run.
 
+The forward runs the kernels CNNLAB_CPU_ISA names (the widest this CPU runs where unset); the plain loop always
+runs the widest, as its users would compile it (-march=native), and each row names its instruction set.
 The peers: the plain loop (cpu.rs's loops as written, 8 images a vector, in cnnlab.cpu._forward), the numpy
 forward (the reference), and PyTorch on the CPU (float64, eager, im2col + GEMMs and compiled, in a subprocess
 of its own). Each peer's outputs are checked against the backend's: the plain loop and numpy bit for bit,
@@ -44,7 +46,7 @@ def bench_cpu(cnn: Cnn, options: BenchOptions, rng: np.random.Generator, seed: i
             figures.insert(0, Figure("cpu", f"bound: memory, every image read once ({threads} threads)", read, key=MEMORY_BOUND,
                                      bytes_per_image=IMAGE_BYTES))
             plain = median_rate(count, lambda: native.compute_plain(images, out), repeats)
-            figures.append(Figure("cpu", f"peer: plain C++ loop, 8 images a vector ({threads} threads, {native.isa})",
+            figures.append(Figure("cpu", f"peer: plain C++ loop, 8 images a vector ({threads} threads, {native.plain_isa})",
                                   plain, MEMORY_BOUND, check=_bit_exact(out, want), **model))
         finally:
             native.close()
