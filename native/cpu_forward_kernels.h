@@ -91,7 +91,7 @@ static void load_band(const double *const *images, int r, vec *band)
 // FILTER_BLOCK x COLUMN_BLOCK sums at a time, each over its 25 taps in cpu.rs's order (x, then y).
 // Where `check` is set, the lanes whose first filter's sum is not finite are set in *suspect: every
 // value of an image is a tap of one patch, and a NaN or an infinity times any weight makes that sum one,
-// so 400 sums a group are looked at instead of 10,000 values (where all is finite, the check is free).
+// so 400 vectors of sums a group are looked at instead of 10,000 of values (where all is finite, it is free).
 static void conv_band(const vec *band, const double *filters, int r, bool check, veci *suspect, vec *act)
 {
     for (int c0 = 0; c0 < CONV_OUT_DIM; c0 += COLUMN_BLOCK)
