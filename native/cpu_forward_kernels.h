@@ -75,6 +75,17 @@ static inline __attribute__((always_inline)) void transpose(const double *const 
         out[j] = row[j];
 }
 
+// Share `block` of `blocks` of band r's cache lines (63 an image), asked of memory ahead of load_band. Spread
+// over the conv's register blocks, the reads overlap its arithmetic (AVX2 on Zen 3, one thread: 1.20x;
+// all of them at once before the conv gained nothing, and a share a column block 1.12x).
+static inline __attribute__((always_inline)) void prefetch_share(const double *const *images, int r, int block, int blocks)
+{
+    constexpr long LINE = 64 / sizeof(double), LINES = (FILTER_DIM * INPUT_DIM + LINE - 1) / LINE;
+    for (int i = 0; i < LANES; ++i)
+        for (long line = LINES * block / blocks; line < LINES * (block + 1) / blocks; ++line)
+            __builtin_prefetch(images[i] + (long)FILTER_DIM * r * INPUT_DIM + LINE * line);
+}
+
 // Rows 5r..5r+4 of the group's images, interleaved: band[x * 100 + col] lane i = images[i][5r + x][col].
 static void load_band(const double *const *images, int r, vec *band)
 {
@@ -92,8 +103,12 @@ static void load_band(const double *const *images, int r, vec *band)
 // Where `check` is set, the lanes whose first filter's sum is not finite are set in *suspect: every
 // value of an image is a tap of one patch, and a NaN or an infinity times any weight makes that sum one,
 // so 400 vectors of sums a group are looked at instead of 10,000 of values (where all is finite, it is free).
-static void conv_band(const vec *band, const double *filters, int r, bool check, veci *suspect, vec *act)
+// Where `next` is given (the group's images, but for the last band), band r + 1 is prefetched a share a block,
+// after the block's sums (before them, gcc spilled a tap of the AVX-512 block to the stack).
+static void conv_band(const vec *band, const double *filters, int r, bool check, veci *suspect, vec *act,
+                      const double *const *next)
 {
+    constexpr int FILTER_BLOCKS = CONV_LAYER_SIZE / FILTER_BLOCK, BLOCKS = CONV_OUT_DIM / COLUMN_BLOCK * FILTER_BLOCKS;
     for (int c0 = 0; c0 < CONV_OUT_DIM; c0 += COLUMN_BLOCK)
         for (int f0 = 0; f0 < CONV_LAYER_SIZE; f0 += FILTER_BLOCK) {
             vec sum[FILTER_BLOCK][COLUMN_BLOCK];
@@ -120,6 +135,8 @@ static void conv_band(const vec *band, const double *filters, int r, bool check,
             for (int f = 0; f < FILTER_BLOCK; ++f)
                 for (int c = 0; c < COLUMN_BLOCK; ++c)  // ReLU as cpu.rs: below zero becomes +0.0; -0.0 and NaN stay
                     act[(f0 + f) * CONV_OUT_DIM * CONV_OUT_DIM + r * CONV_OUT_DIM + c0 + c] = sum[f][c] < zero ? zero : sum[f][c];
+            if (next)
+                prefetch_share(next, r + 1, c0 / COLUMN_BLOCK * FILTER_BLOCKS + f0 / FILTER_BLOCK, BLOCKS);
         }
 }
 
@@ -151,7 +168,7 @@ static veci forward_group(const double *const *images, const double *filters, co
     vec *act = reinterpret_cast<vec *>(scratch->act);
     for (int r = 0; r < CONV_OUT_DIM; ++r) {
         load_band(images, r, band);
-        conv_band(band, filters, r, check, &suspect, act);
+        conv_band(band, filters, r, check, &suspect, act, r + 1 < CONV_OUT_DIM ? images : nullptr);
     }
     dense(act, weights_t, outputs);
     return suspect;
