@@ -35,6 +35,9 @@ def test_bench_cpu_rows_against_the_memory_bound_and_the_peers(tmp_path: Path) -
     assert float(line.split()[-5].replace(",", "")) == pytest.approx(forward["images_per_second"], rel=1e-6, abs=1)  # then "x% of memory -"
     multiple = forward["images_per_second"] / plain["images_per_second"]
     assert f"cpu: the forward is {multiple:.1f}x plain C++ loop" in result.stdout
+    for figure in (forward, plain):  # timed in turns, each with its repeats' spread
+        assert figure["spread"][0] <= figure["images_per_second"] <= figure["spread"][1]
+    assert "cpu: the forward against the plain loop, turn by turn: " in result.stdout
     assert torch or "note: peer torch not run: not installed" in result.stdout
 
 
