@@ -21,9 +21,10 @@
 // Sapphire Rapids or Zen 4) needs 17,500 cycles, ~170,000 images/s at 3 GHz, plus ~2,000 cycles of
 // shuffles; each image is 80,000 bytes read once, so 16 such cores would want 200 GB/s: memory,
 // not arithmetic, bounds a big machine. AVX2 on Zen 3 (4 lanes; two multiplies and two adds a cycle):
-// 35,000 multiplies, again 17,500 cycles, ~180,000 images/s at 3.2 GHz; measured ~80,000 on one core,
-// where the conv issues ~1.4 multiplies a cycle (GCC keeps few taps in the 16 registers: a load a
-// multiply) and the transposes wait ~16 us a group of 4 for its 320 KB from memory (~20 GB/s a core).
+// 35,000 multiplies, again 17,500 cycles, ~180,000 images/s at 3.2 GHz. Measured on one core: ~112,000
+// with the images in cache (the conv issues ~1.4 multiplies a cycle: gcc keeps few taps in the 16
+// registers, so a multiply takes a load, and the loads bound it), 70,000-95,000 reading them from memory,
+// where a group of 4 waits ~16 us for its 320 KB (~20 GB/s a core) unless its next band is prefetched.
 //
 // Python API (arrays: C-contiguous float64, checked here):
 //   Forward(filters, weights, threads, isa=None)   filters (10, 5, 5), weights (10, 4000): copied; threads >= 1;
