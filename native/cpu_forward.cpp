@@ -46,8 +46,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -252,7 +252,7 @@ void over_groups(Forward *self, const double *images, long count, int size, Run 
     self->pool->run([&](int worker) {
         Scratch *scratch = scratch_of(self, worker);
         for (long group; (group = next.fetch_add(1)) < groups;) {
-            const double *rows[MAX_LANES > PLAIN_GROUP ? MAX_LANES : PLAIN_GROUP];
+            const double *rows[std::max(MAX_LANES, PLAIN_GROUP)];
             const int in_group = static_cast<int>(std::min<long>(size, count - group * size));
             for (int i = 0; i < size; ++i)
                 rows[i] = i < in_group ? images + (group * size + i) * IMAGE_VALUES : ZERO_IMAGE;
@@ -494,7 +494,8 @@ PyMODINIT_FUNC PyInit__forward(void)
     ForwardType.tp_name = "cnnlab.cpu._forward.Forward";
     ForwardType.tp_basicsize = sizeof(Forward);
     ForwardType.tp_flags = Py_TPFLAGS_DEFAULT;
-    ForwardType.tp_doc = "Forward(filters, weights, threads): the network's forward on `threads` threads.";
+    ForwardType.tp_doc = "Forward(filters, weights, threads, isa=None): the network's forward on `threads` threads, with the kernels "
+                         "of `isa` (one of CPU_ISAS; None: the widest this CPU runs).";
     ForwardType.tp_new = PyType_GenericNew;
     ForwardType.tp_init = reinterpret_cast<initproc>(Forward_init);
     ForwardType.tp_dealloc = reinterpret_cast<destructor>(Forward_dealloc);
