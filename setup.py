@@ -109,7 +109,9 @@ setup(
             ["native/cpu_forward.cpp"],
             depends=["native/cpu_forward_kernels.h", "native/pool.h", "cnnlab/network.py"],
             define_macros=[(name, str(value)) for name, value in network_sizes().items()],
-            extra_compile_args=["-O3", "-std=c++17", "-ffp-contract=off", "-fvisibility=hidden", "-pthread", "-Wno-psabi"],
+            # -fno-wrapv undoes Python's -fwrapv, which keeps gcc from turning the kernels' int indices into pointer
+            # steps: the AVX2 forward spills and runs 0.8x without it.
+            extra_compile_args=["-O3", "-std=c++17", "-ffp-contract=off", "-fno-wrapv", "-fvisibility=hidden", "-pthread", "-Wno-psabi"],
             extra_link_args=["-pthread"],
             language="c++",
         ),

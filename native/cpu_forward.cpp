@@ -5,29 +5,40 @@
 // Check:  pytest tests/test_forward.py   (against the numpy forward and tests/reference.py, bit for bit)
 // Time:   python -m cnnlab bench --rows cpu   (against the plain loop, PyTorch and the memory-read bound)
 //
-// Kernels (native/cpu_forward_kernels.h), compiled for AVX-512, AVX2 and plain x86-64, chosen at import:
-//   forward_group   8 images a vector: a band of 5 rows transposed into the vector lanes (24 shuffles
-//                   per 8x8 block), then the 10 filters' sums of its 20 patches in register blocks,
-//                   ReLU, and the output layer's 10 sums over the 4000 activations
+// Kernels (native/cpu_forward_kernels.h), compiled for AVX-512, AVX2 and plain x86-64 (SSE2):
+//   forward_group   a group of images a vector (8 on AVX-512, 4 on AVX2, 2 on x86-64): a band of 5 rows
+//                   transposed into the lanes (log2(lanes) rounds of constant shuffles a block), the 10
+//                   filters' sums of its 20 patches in register blocks, ReLU, and the output layer's 10
+//                   sums over the 4000 activations; where asked, the lanes that may hold a NaN or an infinity
 //   plain_group     cpu.rs's loops as written, 8 images a vector gathered value by value (the peer)
 //   read_values     every double read once (the memory-read bound)
+// The forward runs the widest kernels this CPU has, or those named at construction (CNNLAB_CPU_ISA, in
+// cnnlab/cpu/backend.py); the plain loop and read_values always run the widest, as -march=native would build
+// them (measured on the Zen 3 machine: the same rate as the plain loop compiled with -march=native).
 //
 // Napkin math: an image is 100,000 conv taps and 40,000 weights, each a multiply and an add: 280,000
 // FP64 operations, 35,000 8-wide instructions. A core that issues two of them a cycle (AVX-512 on
 // Sapphire Rapids or Zen 4) needs 17,500 cycles, ~170,000 images/s at 3 GHz, plus ~2,000 cycles of
 // shuffles; each image is 80,000 bytes read once, so 16 such cores would want 200 GB/s: memory,
-// not arithmetic, bounds a big machine.
+// not arithmetic, bounds a big machine. AVX2 on Zen 3 (4 lanes; two multiplies and two adds a cycle):
+// 35,000 multiplies, again 17,500 cycles, ~180,000 images/s at 3.2 GHz. Measured on one core: ~112,000
+// with the images in cache (the conv issues ~1.4 multiplies a cycle: gcc keeps few taps in the 16
+// registers, so a multiply takes a load, and the loads bound it), 70,000-95,000 reading them from memory,
+// where a group of 4 waits ~16 us for its 320 KB (~20 GB/s a core) unless its next band is prefetched.
 //
 // Python API (arrays: C-contiguous float64, checked here):
-//   Forward(filters, weights, threads)       filters (10, 5, 5), weights (10, 4000): copied; threads >= 1
+//   Forward(filters, weights, threads, isa=None)   filters (10, 5, 5), weights (10, 4000): copied; threads >= 1;
+//                                            isa: one of ISAS and CPU_ISAS (None: the widest this CPU runs)
 //   .compute(images, out, check) -> int      images (n, 100, 100) -> out (n, 10); -1, or where `check` is
 //                                            true the index of the first image that holds a NaN or an
 //                                            infinity (out is then undefined)
 //   .compute_plain(images, out)              the same outputs by the plain loop
 //   .read(values) -> float                   the sum of every value, read once on the threads
 //   .close()                                  stops the threads (also when the object goes)
-//   .isa                                      "avx512", "avx2" or "x86-64": the kernels in use
+//   .isa                                      "avx512", "avx2" or "x86-64": the forward's kernels
+//   .plain_isa                                the plain loop's and read's kernels: the widest this CPU runs
 //   .threads                                  the threads a call runs on (the caller's among them)
+//   ISAS, CPU_ISAS                            every kernels' name, and those this CPU runs; widest first
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -36,6 +47,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -57,27 +69,32 @@
 namespace {
 
 constexpr long IMAGE_VALUES = (long)INPUT_DIM * INPUT_DIM;
-constexpr int GROUP = 8;  // images a vector
+constexpr int PLAIN_GROUP = 8;  // the plain loop's images a vector, whatever the kernels' width
+constexpr int MAX_LANES = 8;  // the widest kernels' images a vector (AVX-512)
 
-// A thread's work arrays: a band of the group's images (32 KB, in L1) and its activations (256 KB, in L2).
+// A thread's work arrays: a band of the group's images (32 KB at 8 lanes, in L1) and its activations (256 KB, in L2).
 struct Scratch {
-    alignas(64) double band[FILTER_DIM * INPUT_DIM * GROUP];
-    alignas(64) double act[OUT_NEURON_DIM * GROUP];
+    alignas(64) double band[FILTER_DIM * INPUT_DIM * MAX_LANES];
+    alignas(64) double act[OUT_NEURON_DIM * MAX_LANES];
 };
 
 alignas(64) double ZERO_IMAGE[IMAGE_VALUES];  // stands in for the images past a batch's end (zeros, never written)
 
-// Register blocks: FILTER_BLOCK x COLUMN_BLOCK sums of 8 lanes in flight, each tap's filter values and
-// band values loaded once per block. AVX-512 (32 registers): 10 x 2 = 20 sums; measured on the 2-core
-// machine, images/s on 2 threads: 10 x 2 211k, 10 x 1 200k, 5 x 4 198k, 2 x 4 188k, 5 x 2 180k. AVX2
-// (16 registers of 4 lanes) holds 5 x 1, and the output layer's sums 5 neurons at a time.
+// Register blocks: FILTER_BLOCK x COLUMN_BLOCK sums of LANES images in flight, each tap's filter values and
+// band values loaded once per block. AVX-512 (32 registers): 10 x 2 = 20 sums; measured on an AVX-512 2-core
+// machine, images/s on 2 threads: 10 x 2 211k, 10 x 1 200k, 5 x 4 198k, 2 x 4 188k, 5 x 2 180k. AVX2 and
+// x86-64 (16 registers): 2 x 5 = 10 sums, enough to hide the adds' latency (3 cycles, 2 a cycle); measured on
+// the Zen 3 2-core machine, one thread: 2 x 5, 2 x 4, 1 x 5, 5 x 2 and 10 x 1 within the noise (76k-83k),
+// the output layer's sums 5 neurons at a time rather than 10 0.9x.
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512dq")
 namespace avx512 {
+#define LANES 8
 #define FILTER_BLOCK 10
 #define COLUMN_BLOCK 2
 #define NEURON_BLOCK 10
 #include "cpu_forward_kernels.h"
+#undef LANES
 #undef FILTER_BLOCK
 #undef COLUMN_BLOCK
 #undef NEURON_BLOCK
@@ -87,10 +104,12 @@ namespace avx512 {
 #pragma GCC push_options
 #pragma GCC target("avx2")
 namespace avx2 {
-#define FILTER_BLOCK 5
-#define COLUMN_BLOCK 1
-#define NEURON_BLOCK 5
+#define LANES 4
+#define FILTER_BLOCK 2
+#define COLUMN_BLOCK 5
+#define NEURON_BLOCK 10
 #include "cpu_forward_kernels.h"
+#undef LANES
 #undef FILTER_BLOCK
 #undef COLUMN_BLOCK
 #undef NEURON_BLOCK
@@ -98,19 +117,33 @@ namespace avx2 {
 #pragma GCC pop_options
 
 namespace baseline {
+#define LANES 2
 #define FILTER_BLOCK 2
-#define COLUMN_BLOCK 1
-#define NEURON_BLOCK 2
+#define COLUMN_BLOCK 5
+#define NEURON_BLOCK 10
 #include "cpu_forward_kernels.h"
+#undef LANES
 #undef FILTER_BLOCK
 #undef COLUMN_BLOCK
 #undef NEURON_BLOCK
 }  // namespace baseline
 
+// Image i of a group holds a NaN or an infinity: the exact look behind forward_group's suspect lanes, which
+// an overflowing sum also raises.
+bool holds_nonfinite(const double *image)
+{
+    for (long k = 0; k < IMAGE_VALUES; ++k)
+        if (!std::isfinite(image[k]))
+            return true;
+    return false;
+}
+
 // One instruction set's kernels, with the group's outputs written out lane by lane.
 struct Kernels {
-    const char *name;
-    // The group's outputs into out[0 .. count * 10); the lanes where a value was not finite as a bit mask.
+    const char *name;  // as CNNLAB_CPU_ISA names it
+    bool (*runs_here)();  // whether this CPU has the instructions
+    int lanes;  // the forward's images a group
+    // The group's outputs into out[0 .. count * 10); the lanes that hold a NaN or an infinity as a bit mask.
     unsigned (*forward)(const double *const *, const double *, const double *, Scratch *, bool, double *, int);
     void (*plain)(const double *const *, const double *, const double *, Scratch *, double *, int);
     double (*read)(const double *, long);
@@ -120,12 +153,12 @@ struct Kernels {
     ATTRIBUTES unsigned ISA##_forward(const double *const *images, const double *filters, const double *weights_t, Scratch *s, \
                                       bool check, double *out, int count)                                                      \
     {                                                                                                                           \
-        ISA::v8 outputs[OUT_LAYER_SIZE];                                                                                        \
-        const ISA::v8i bad = ISA::forward_group(images, filters, weights_t, s, check, outputs);                                \
+        ISA::vec outputs[OUT_LAYER_SIZE];                                                                                       \
+        const ISA::veci suspect = ISA::forward_group(images, filters, weights_t, s, check, outputs);                           \
         ISA::write_lanes(outputs, count, out);                                                                                  \
         unsigned mask = 0;                                                                                                      \
         for (int i = 0; i < count; ++i)                                                                                         \
-            mask |= (bad[i] != 0) << i;                                                                                         \
+            mask |= (suspect[i] && holds_nonfinite(images[i])) << i;                                                            \
         return mask;                                                                                                            \
     }                                                                                                                           \
     ATTRIBUTES void ISA##_plain(const double *const *images, const double *filters, const double *weights, Scratch *s,         \
@@ -140,18 +173,23 @@ CNNLAB_KERNELS(avx512, __attribute__((target("avx512f,avx512dq"))))
 CNNLAB_KERNELS(avx2, __attribute__((target("avx2"))))
 CNNLAB_KERNELS(baseline, )
 
-const Kernels AVX512 = {"avx512", avx512_forward, avx512_plain, avx512::read_values};
-const Kernels AVX2 = {"avx2", avx2_forward, avx2_plain, avx2::read_values};
-const Kernels BASELINE = {"x86-64", baseline_forward, baseline_plain, baseline::read_values};
+#define CNNLAB_LANES(ISA) static_cast<int>(sizeof(ISA::vec) / sizeof(double))
 
+const Kernels KERNELS[] = {  // widest first
+    {"avx512", [] { return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq"); }, CNNLAB_LANES(avx512),
+     avx512_forward, avx512_plain, avx512::read_values},
+    {"avx2", [] { return static_cast<bool>(__builtin_cpu_supports("avx2")); }, CNNLAB_LANES(avx2), avx2_forward, avx2_plain,
+     avx2::read_values},
+    {"x86-64", [] { return true; }, CNNLAB_LANES(baseline), baseline_forward, baseline_plain, baseline::read_values},
+};
+
+// The plain loop's and read's kernels, and the forward's where none is asked for: the widest this CPU runs.
 const Kernels &best_kernels()
 {
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq"))
-        return AVX512;
-    if (__builtin_cpu_supports("avx2"))
-        return AVX2;
-    return BASELINE;
+    for (const Kernels &kernels : KERNELS)
+        if (kernels.runs_here())
+            return kernels;
+    return KERNELS[2];
 }
 
 struct Forward {
@@ -205,30 +243,44 @@ Scratch *scratch_of(Forward *self, int worker)
     return mine;
 }
 
-// Groups of 8 images claimed by the threads as they go; the images past the end read as zeros.
+// Groups of `size` images claimed by the threads as they go; the images past the end read as zeros.
 template <typename Run>
-void over_groups(Forward *self, const double *images, long count, Run run)
+void over_groups(Forward *self, const double *images, long count, int size, Run run)
 {
-    const long groups = (count + GROUP - 1) / GROUP;
+    const long groups = (count + size - 1) / size;
     std::atomic<long> next{0};
     self->pool->run([&](int worker) {
         Scratch *scratch = scratch_of(self, worker);
         for (long group; (group = next.fetch_add(1)) < groups;) {
-            const double *rows[GROUP];
-            const int in_group = static_cast<int>(std::min<long>(GROUP, count - group * GROUP));
-            for (int i = 0; i < GROUP; ++i)
-                rows[i] = i < in_group ? images + (group * GROUP + i) * IMAGE_VALUES : ZERO_IMAGE;
-            run(group, rows, in_group, scratch);
+            const double *rows[std::max(MAX_LANES, PLAIN_GROUP)];
+            const int in_group = static_cast<int>(std::min<long>(size, count - group * size));
+            for (int i = 0; i < size; ++i)
+                rows[i] = i < in_group ? images + (group * size + i) * IMAGE_VALUES : ZERO_IMAGE;
+            run(group * size, rows, in_group, scratch);
         }
     }, static_cast<int>(std::min<long>(groups, self->pool->threads())));
 }
 
-int Forward_init(Forward *self, PyObject *args, PyObject *)
+int Forward_init(Forward *self, PyObject *args, PyObject *kwargs)
 {
     PyObject *filters_obj, *weights_obj;
     int threads;
-    if (!PyArg_ParseTuple(args, "OOi:Forward", &filters_obj, &weights_obj, &threads))
+    const char *isa = nullptr;
+    static const char *keywords[] = {"filters", "weights", "threads", "isa", nullptr};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOi|z:Forward", const_cast<char **>(keywords), &filters_obj, &weights_obj,
+                                     &threads, &isa))
         return -1;
+    const Kernels *chosen = &best_kernels();
+    if (isa) {
+        chosen = nullptr;
+        for (const Kernels &kernels : KERNELS)
+            if (!std::strcmp(isa, kernels.name))
+                chosen = &kernels;
+        if (!chosen)
+            return PyErr_Format(PyExc_ValueError, "Forward: isa must be avx512, avx2 or x86-64, not '%s'", isa), -1;
+        if (!chosen->runs_here())
+            return PyErr_Format(PyExc_ValueError, "Forward: this CPU cannot run the %s kernels", isa), -1;
+    }
     if (threads < 1) {
         PyErr_Format(PyExc_ValueError, "Forward: threads must be at least 1, not %d", threads);
         return -1;
@@ -249,7 +301,7 @@ int Forward_init(Forward *self, PyObject *args, PyObject *)
     for (int n = 0; n < OUT_LAYER_SIZE; ++n)
         for (int k = 0; k < OUT_NEURON_DIM; ++k)
             self->weights_t[k * OUT_LAYER_SIZE + n] = self->weights[n * OUT_NEURON_DIM + k];
-    self->kernels = &best_kernels();
+    self->kernels = chosen;
     if (self->pool)  // __init__ called again
         return 0;
     try {
@@ -320,12 +372,12 @@ PyObject *Forward_compute(Forward *self, PyObject *args)
     const double *values = static_cast<const double *>(images.view.buf);
     double *outputs = static_cast<double *>(out.view.buf);
     std::atomic<long> first_bad{count};
+    const Kernels *kernels = self->kernels;
     Py_BEGIN_ALLOW_THREADS
-    over_groups(self, values, count, [&](long group, const double *const *rows, int in_group, Scratch *scratch) {
-        const unsigned bad = self->kernels->forward(rows, self->filters, self->weights_t, scratch, check, outputs + group * GROUP * OUT_LAYER_SIZE,
-                                                    in_group);
+    over_groups(self, values, count, kernels->lanes, [&](long first, const double *const *rows, int in_group, Scratch *scratch) {
+        const unsigned bad = kernels->forward(rows, self->filters, self->weights_t, scratch, check, outputs + first * OUT_LAYER_SIZE, in_group);
         if (bad) {
-            long index = group * GROUP + __builtin_ctz(bad), seen = first_bad.load();
+            long index = first + __builtin_ctz(bad), seen = first_bad.load();
             while (index < seen && !first_bad.compare_exchange_weak(seen, index)) {
             }
         }
@@ -343,9 +395,10 @@ PyObject *Forward_compute_plain(Forward *self, PyObject *args)
         return nullptr;
     const double *values = static_cast<const double *>(images.view.buf);
     double *outputs = static_cast<double *>(out.view.buf);
+    const Kernels &best = best_kernels();
     Py_BEGIN_ALLOW_THREADS
-    over_groups(self, values, count, [&](long group, const double *const *rows, int in_group, Scratch *scratch) {
-        self->kernels->plain(rows, self->filters, self->weights, scratch, outputs + group * GROUP * OUT_LAYER_SIZE, in_group);
+    over_groups(self, values, count, PLAIN_GROUP, [&](long first, const double *const *rows, int in_group, Scratch *scratch) {
+        best.plain(rows, self->filters, self->weights, scratch, outputs + first * OUT_LAYER_SIZE, in_group);
     });
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
@@ -370,7 +423,7 @@ PyObject *Forward_read(Forward *self, PyObject *arg)
     Py_BEGIN_ALLOW_THREADS
     self->pool->run([&](int worker) {
         const long share = (total + threads - 1) / threads, start = std::min(total, worker * share);
-        sums[worker] = self->kernels->read(data + start, std::min(total, start + share) - start);
+        sums[worker] = best_kernels().read(data + start, std::min(total, start + share) - start);
     }, threads);
     Py_END_ALLOW_THREADS
     double sum = 0.0;
@@ -387,6 +440,8 @@ PyObject *Forward_close(Forward *self, PyObject *)
 
 PyObject *Forward_isa(Forward *self, void *) { return PyUnicode_FromString(self->kernels ? self->kernels->name : "none"); }
 
+PyObject *Forward_plain_isa(Forward *, void *) { return PyUnicode_FromString(best_kernels().name); }
+
 PyObject *Forward_threads(Forward *self, void *) { return PyLong_FromLong(self->pool ? self->pool->threads() : 0); }
 
 PyMethodDef Forward_methods[] = {
@@ -402,9 +457,28 @@ PyMethodDef Forward_methods[] = {
 
 PyGetSetDef Forward_getset[] = {
     {"isa", reinterpret_cast<getter>(Forward_isa), nullptr, "The instruction set of the kernels in use.", nullptr},
+    {"plain_isa", reinterpret_cast<getter>(Forward_plain_isa), nullptr,
+     "The instruction set of the plain loop and of read(): the widest this CPU runs, whatever `isa` is.", nullptr},
     {"threads", reinterpret_cast<getter>(Forward_threads), nullptr, "The threads a call runs on, the caller's among them.", nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr},
 };
+
+// The kernels' names as a tuple, widest first: all of them (ISAS), or those this CPU runs (CPU_ISAS).
+PyObject *isa_names(bool here_only)
+{
+    PyObject *names = PyList_New(0);
+    for (const Kernels &kernels : KERNELS) {
+        if (!names || (here_only && !kernels.runs_here()))
+            continue;
+        PyObject *name = PyUnicode_FromString(kernels.name);
+        if (!name || PyList_Append(names, name) < 0)
+            Py_CLEAR(names);
+        Py_XDECREF(name);
+    }
+    PyObject *tuple = names ? PyList_AsTuple(names) : nullptr;
+    Py_XDECREF(names);
+    return tuple;
+}
 
 PyTypeObject ForwardType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
@@ -420,7 +494,8 @@ PyMODINIT_FUNC PyInit__forward(void)
     ForwardType.tp_name = "cnnlab.cpu._forward.Forward";
     ForwardType.tp_basicsize = sizeof(Forward);
     ForwardType.tp_flags = Py_TPFLAGS_DEFAULT;
-    ForwardType.tp_doc = "Forward(filters, weights, threads): the network's forward on `threads` threads.";
+    ForwardType.tp_doc = "Forward(filters, weights, threads, isa=None): the network's forward on `threads` threads, with the kernels "
+                         "of `isa` (one of CPU_ISAS; None: the widest this CPU runs).";
     ForwardType.tp_new = PyType_GenericNew;
     ForwardType.tp_init = reinterpret_cast<initproc>(Forward_init);
     ForwardType.tp_dealloc = reinterpret_cast<destructor>(Forward_dealloc);
@@ -436,6 +511,14 @@ PyMODINIT_FUNC PyInit__forward(void)
         Py_DECREF(&ForwardType);
         Py_DECREF(m);
         return nullptr;
+    }
+    for (const bool here_only : {false, true}) {
+        PyObject *names = isa_names(here_only);
+        if (!names || PyModule_AddObject(m, here_only ? "CPU_ISAS" : "ISAS", names) < 0) {
+            Py_XDECREF(names);
+            Py_DECREF(m);
+            return nullptr;
+        }
     }
     return m;
 }

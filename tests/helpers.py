@@ -106,12 +106,14 @@ def write_files(tmp_path: Path, cnn: Cnn, images: np.ndarray) -> tuple[Path, Pat
 
 
 def cnnlab(
-    *args: str | os.PathLike, cwd: Path | None = None, stdin: Any = None, stdout: Any = subprocess.PIPE, preexec_fn: Any = None
+    *args: str | os.PathLike, cwd: Path | None = None, stdin: Any = None, stdout: Any = subprocess.PIPE, preexec_fn: Any = None,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """`python -m cnnlab ARGS` in a subprocess, stderr (and by default stdout) captured as text."""
+    """`python -m cnnlab ARGS` in a subprocess, stderr (and by default stdout) captured as text; `env`: variables to add."""
     return subprocess.run(
         [sys.executable, "-m", "cnnlab", *map(str, args)],
-        cwd=cwd, env=SUBPROCESS_ENV, stdin=stdin, stdout=stdout, stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn,
+        cwd=cwd, env={**SUBPROCESS_ENV, **(env or {})}, stdin=stdin, stdout=stdout, stderr=subprocess.PIPE, text=True,
+        preexec_fn=preexec_fn,
         timeout=300,
     )
 

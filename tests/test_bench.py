@@ -11,6 +11,7 @@ import pytest
 from helpers import ROOT, SUBPROCESS_ENV, assert_one_line_error, cnnlab
 
 from cnnlab.bench.report import BenchOptions, BenchReport, Figure, format_table, ratios
+from cnnlab.cpu.backend import CPU_ISAS, ISA_VARIABLE, Forward
 
 
 def test_bench_cpu_rows_against_the_memory_bound_and_the_peers(tmp_path: Path) -> None:
@@ -25,6 +26,7 @@ def test_bench_cpu_rows_against_the_memory_bound_and_the_peers(tmp_path: Path) -
     assert forward["name"].startswith("cpu: forward (") and ", 2 threads, " in forward["name"]
     assert plain["name"].startswith("peer: plain C++ loop") and numpy["name"].startswith("peer: numpy forward")
     assert plain["check"] == numpy["check"] == "bit-exact"
+    assert forward["name"].endswith(f", {CPU_ISAS[0]})") and plain["name"].endswith(f", {CPU_ISAS[0]})")  # the widest kernels
     assert all(figure["name"].startswith("peer: torch") and figure["check"] == "within rule" for figure in torch)
     for figure in (forward, plain, numpy, *torch):
         assert figure["bound"] == "memory" and figure["images_per_second"] > 0
@@ -33,7 +35,20 @@ def test_bench_cpu_rows_against_the_memory_bound_and_the_peers(tmp_path: Path) -
     assert float(line.split()[-5].replace(",", "")) == pytest.approx(forward["images_per_second"], rel=1e-6, abs=1)  # then "x% of memory -"
     multiple = forward["images_per_second"] / plain["images_per_second"]
     assert f"cpu: the forward is {multiple:.1f}x plain C++ loop" in result.stdout
+    for figure in (forward, plain):  # timed in turns, each with its repeats' spread
+        assert figure["spread"][0] <= figure["images_per_second"] <= figure["spread"][1]
+    assert "cpu: the forward against the plain loop, turn by turn: " in result.stdout
     assert torch or "note: peer torch not run: not installed" in result.stdout
+
+
+@pytest.mark.skipif(Forward is None, reason="cnnlab.cpu._forward is not built (it needs a C++17 compiler)")
+def test_bench_cpu_rows_name_the_kernels_each_ran(tmp_path: Path) -> None:
+    """CNNLAB_CPU_ISA=x86-64: the forward's x86-64 kernels against the plain loop on the widest this CPU runs."""
+    result = cnnlab("bench", "--rows", "cpu", "--cpu-images", "8", "--repeats", "1", "--threads", "1", "--json", tmp_path / "b.json",
+                    env={ISA_VARIABLE: "x86-64"})
+    assert result.returncode == 0, result.stderr
+    _, forward, plain, *_ = json.loads((tmp_path / "b.json").read_text())["figures"]
+    assert forward["name"].endswith(", x86-64)") and plain["name"].endswith(f", {CPU_ISAS[0]})") and plain["check"] == "bit-exact"
 
 
 def test_bench_reader_rows_are_measured_against_loadtxt(tmp_path: Path) -> None:

@@ -1,20 +1,36 @@
 """The CPU forward, native and numpy: bit-exact against the loop reference and each other, hand-computed cases,
-hostile values, every batch size, threads, types."""
+hostile values, every batch size, threads, types; the native forward with each instruction set's kernels this CPU
+runs, and CNNLAB_CPU_ISA choosing them."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import random_cnn
+from helpers import assert_one_line_error, cnnlab, random_cnn
 from reference import reference_forward
 
 from cnnlab.cpu import backend
-from cnnlab.cpu.backend import CpuBackend
+from cnnlab.cpu.backend import ISA_VARIABLE, CpuBackend
 from cnnlab.cpu.numpy_forward import NumpyForward
+from cnnlab.errors import UsageError
 from cnnlab.generate import random_values
 from cnnlab.network import Cnn, ImageBatch, OutputBatch
 
 NATIVE = pytest.mark.skipif(backend.Forward is None, reason="cnnlab.cpu._forward is not built (it needs a C++17 compiler)")
+ALL_ISAS = ("avx512", "avx2", "x86-64")  # as CNNLAB_CPU_ISA names them, widest first
+
+
+def _kernels(isa: str) -> pytest.param:
+    """`isa` as a parameter: skipped, with the reason, where the native forward is not built or this CPU lacks it."""
+    if backend.Forward is None:
+        return pytest.param(isa, marks=pytest.mark.skip(reason="cnnlab.cpu._forward is not built (it needs a C++17 compiler)"))
+    if isa not in backend.CPU_ISAS:
+        reason = f"this CPU cannot run the {isa} kernels (it runs {', '.join(backend.CPU_ISAS)})"
+        return pytest.param(isa, marks=pytest.mark.skip(reason=reason))
+    return pytest.param(isa)
+
+
+EVERY_ISA = pytest.mark.parametrize("isa", [_kernels(isa) for isa in ALL_ISAS])
 
 
 def hostile_values(rng: np.random.Generator, *shape: int) -> np.ndarray:
@@ -32,10 +48,12 @@ def same_bits(got: np.ndarray, want: np.ndarray) -> bool:
     return bool((nan | (got.view(np.uint64) == want.view(np.uint64))).all())
 
 
-def native_and_numpy(cnn: Cnn, images: np.ndarray, threads: int, check: bool = False) -> tuple[np.ndarray, np.ndarray, int, int]:
-    """The outputs and the first non-finite image (or -1) from the native forward and from the numpy one."""
+def native_and_numpy(cnn: Cnn, images: np.ndarray, threads: int, isa: str, check: bool = False) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """The outputs and the first non-finite image (or -1) from the native forward with `isa`'s kernels and from numpy's."""
     results = []
-    for forward in (backend.Forward(cnn.filters, cnn.weights, threads), NumpyForward(cnn.filters, cnn.weights, threads)):
+    native = backend.Forward(cnn.filters, cnn.weights, threads, isa)
+    assert native.isa == isa
+    for forward in (native, NumpyForward(cnn.filters, cnn.weights, threads)):
         out = np.full((len(images), 10), np.nan)
         with np.errstate(over="ignore", invalid="ignore"):
             bad = forward.compute(images, out, check)
@@ -45,19 +63,20 @@ def native_and_numpy(cnn: Cnn, images: np.ndarray, threads: int, check: bool = F
     return native, numpy, native_bad, numpy_bad
 
 
-@NATIVE
+@EVERY_ISA
 @pytest.mark.parametrize("threads", [1, 2, 3])
-def test_native_forward_is_the_numpy_forward_bit_for_bit_at_every_batch_size(rng: np.random.Generator, threads: int) -> None:
-    """Every batch size from 1 to 33 (groups of 8 images a vector, and every remainder), on values that cancel, underflow
-    and overflow: the same bits as numpy's forward, the plain loop's and the loop reference's."""
+def test_native_forward_is_the_numpy_forward_bit_for_bit_at_every_batch_size(rng: np.random.Generator, isa: str, threads: int) -> None:
+    """Every batch size from 1 to 33 (groups of 2, 4 or 8 images a vector, and every remainder), on values that cancel,
+    underflow and overflow: the same bits as numpy's forward, the plain loop's and the loop reference's."""
     cnn = Cnn(hostile_values(rng, 10, 5, 5), hostile_values(rng, 10, 4000))
     images = hostile_values(rng, 33, 100, 100)
     images[5, 7, 11], images[20, 0, 0:3] = 1.7e308, [1e300, -1.7e308, 1e308]  # near the top: these images' sums overflow
     for count in range(1, 34):
-        native, numpy, _, _ = native_and_numpy(cnn, images[:count], threads)
+        native, numpy, _, _ = native_and_numpy(cnn, images[:count], threads, isa)
         assert same_bits(native, numpy), count
     plain = np.full((33, 10), np.nan)
-    forward = backend.Forward(cnn.filters, cnn.weights, threads)
+    forward = backend.Forward(cnn.filters, cnn.weights, threads, isa)
+    assert forward.plain_isa == backend.CPU_ISAS[0]  # the plain loop runs the widest kernels, whatever the forward's
     forward.compute_plain(images, plain)
     forward.close()
     assert same_bits(plain, native)
@@ -67,15 +86,83 @@ def test_native_forward_is_the_numpy_forward_bit_for_bit_at_every_batch_size(rng
         assert same_bits(native[index], np.array(want))
 
 
-@NATIVE
-def test_native_forward_names_the_first_image_that_is_not_finite(rng: np.random.Generator) -> None:
+@EVERY_ISA
+def test_native_forward_names_the_first_image_that_is_not_finite(rng: np.random.Generator, isa: str) -> None:
+    """The first image holding a NaN or an infinity, wherever it sits in its image and its group; an image whose sums
+    overflow holds neither, and a -inf that ReLU turns to 0 is still found."""
     cnn = random_cnn(rng)
-    images = random_values(rng, 20, 100, 100)
-    assert native_and_numpy(cnn, images, 2, check=True)[2:] == (-1, -1)
+    images = random_values(rng, 21, 100, 100)  # 21: a last group of 1 (2 or 4 lanes) or 5 (8 lanes)
+    images[6, 50:55, 50:55] = 1.7e308  # finite, but its sums overflow to infinities
+    assert native_and_numpy(cnn, images, 2, isa, check=True)[2:] == (-1, -1)
+    images[20, 99, 99] = np.nan  # the last image, alone in its group
+    assert native_and_numpy(cnn, images, 2, isa, check=True)[2:] == (20, 20)
     images[13, 99, 0], images[17, 40, 96] = np.inf, np.nan  # the last column block overlaps the one before it
-    assert native_and_numpy(cnn, images, 2, check=True)[2:] == (13, 13)
+    assert native_and_numpy(cnn, images, 2, isa, check=True)[2:] == (13, 13)
     images[3, 0, 99] = -np.inf
-    assert native_and_numpy(cnn, images, 3, check=True)[2:] == (3, 3)
+    assert native_and_numpy(cnn, images, 3, isa, check=True)[2:] == (3, 3)
+    cnn.filters[:, 0, 0] = np.abs(cnn.filters[:, 0, 0])  # every filter's tap at (0, 0) positive: -inf there sums to -inf,
+    images = random_values(rng, 5, 100, 100)
+    images[1, 95, 45] = -np.inf  # which ReLU makes 0: the outputs stay finite
+    native, numpy, _, _ = native_and_numpy(cnn, images, 1, isa)
+    assert same_bits(native, numpy) and np.isfinite(native).all()
+    assert native_and_numpy(cnn, images, 1, isa, check=True)[2:] == (1, 1)
+
+
+@EVERY_ISA
+def test_native_relu_keeps_minus_zero_and_zeroes_negative_sums(rng: np.random.Generator, isa: str) -> None:
+    """Image i's patch (0, i % 10) is all -0.0 and its patch (0, (i + 5) % 10) negative; filter 0 is positive, so their
+    sums are -0.0, which ReLU keeps (a max with 0.0 would not), and a negative number, which ReLU makes +0.0. Output
+    n is activation n (filter 0's at patch (0, n)) with its sign: every other weight is -0.0, and every other
+    activation is positive or +0.0, so their terms are all -0.0."""
+    filters = random_values(rng, 10, 5, 5)
+    filters[0] = rng.uniform(0.5, 1.0, (5, 5))
+    weights = np.full((10, 4000), -0.0)
+    weights[np.arange(10), np.arange(10)] = 1.0
+    images = random_values(rng, 11, 100, 100)  # 11: a last group of 1, 3 or 3 images
+    for i, image in enumerate(images):
+        zero, negative = i % 10, (i + 5) % 10
+        image[0:5, 5 * zero : 5 * zero + 5] = -0.0
+        image[0:5, 5 * negative : 5 * negative + 5] = -np.abs(image[0:5, 5 * negative : 5 * negative + 5])
+    native, numpy, _, _ = native_and_numpy(Cnn(filters, weights), images, 2, isa)
+    assert same_bits(native, numpy)
+    for i in (0, 7, 10):
+        assert same_bits(native[i], np.array(reference_forward(images[i].tolist(), filters.tolist(), weights.tolist())))
+    for i, outputs in enumerate(native):
+        zero, negative = i % 10, (i + 5) % 10
+        assert outputs[zero] == 0 and np.signbit(outputs[zero])  # -0.0 kept
+        assert outputs[negative] == 0 and (zero < negative or not np.signbit(outputs[negative]))  # made +0.0
+        assert (outputs[[n for n in range(10) if n not in (zero, negative)]] >= 0).all()
+    assert (native > 0).sum() >= 20  # the random patches' positive sums kept (about half of 88)
+
+
+@NATIVE
+@pytest.mark.parametrize("isa", ["avx1024", "AVX2", "avx512"])
+def test_cnnlab_cpu_isa_refuses_kernels_that_cannot_run(monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator, isa: str) -> None:
+    """CNNLAB_CPU_ISA: an unknown name is a UsageError, and so are kernels above what this CPU runs (no quiet fallback)."""
+    if isa in backend.CPU_ISAS:
+        pytest.skip(f"this CPU runs the {isa} kernels: there is nothing above it to refuse")
+    monkeypatch.setenv(ISA_VARIABLE, isa)
+    with pytest.raises(UsageError, match=f"^{ISA_VARIABLE}={isa}: "):
+        CpuBackend(random_cnn(rng), threads=1)
+
+
+@EVERY_ISA
+def test_cnnlab_cpu_isa_chooses_the_kernels(monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator, isa: str) -> None:
+    cnn = random_cnn(rng)
+    images = random_values(rng, 9, 100, 100)
+    with CpuBackend(cnn, threads=2) as widest:
+        want = widest.compute(ImageBatch(images)).values
+        assert widest.device.endswith(f", {backend.CPU_ISAS[0]}")
+    monkeypatch.setenv(ISA_VARIABLE, isa)
+    with CpuBackend(cnn, threads=2) as chosen:
+        assert chosen.device.endswith(f", {isa}")
+        assert same_bits(chosen.compute(ImageBatch(images)).values, want)
+
+
+@NATIVE
+def test_a_run_asking_for_unknown_kernels_ends_in_one_line() -> None:
+    result = cnnlab("cpu", env={ISA_VARIABLE: "sse9"})
+    assert "CNNLAB_CPU_ISA=sse9: not one of avx512, avx2, x86-64" in assert_one_line_error(result)
 
 
 @NATIVE

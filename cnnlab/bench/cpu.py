@@ -1,6 +1,8 @@
 """`cnnlab bench`'s cpu rows: the CPU backend's forward against reading its images once (the memory bound) and
 against its peers, all on the same threads and the same images in one run.
 
+The forward runs the kernels CNNLAB_CPU_ISA names (the widest this CPU runs where unset); the plain loop always
+runs the widest, as its users would compile it (-march=native), and each row names its instruction set.
 The peers: the plain loop (cpu.rs's loops as written, 8 images a vector, in cnnlab.cpu._forward), the numpy
 forward (the reference), and PyTorch on the CPU (float64, eager, im2col + GEMMs and compiled, in a subprocess
 of its own). Each peer's outputs are checked against the backend's: the plain loop and numpy bit for bit,
@@ -12,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from cnnlab.bench.peers import run_peers
-from cnnlab.bench.report import BenchOptions, Figure, median_rate
+from cnnlab.bench.report import BenchOptions, Figure, alternated_seconds, median_rate, rate_and_spread
 from cnnlab.cpu.backend import CpuBackend, Forward
 from cnnlab.cpu.numpy_forward import NumpyForward
 from cnnlab.generate import random_values
@@ -31,23 +33,31 @@ def bench_cpu(cnn: Cnn, options: BenchOptions, rng: np.random.Generator, seed: i
     count, repeats, threads = len(images), options.repeats, options.threads
     model = {"bytes_per_image": IMAGE_BYTES, "flops_per_image": FLOPS_PER_IMAGE}
     figures, notes = [], []
+    out = np.empty((count, OUT_LAYER_SIZE))
     with CpuBackend(cnn, threads=threads) as backend:
         threads = backend.threads
         want = backend.compute(ImageBatch(images)).values
-        figures.append(Figure("cpu", f"cpu: forward ({backend.device})", median_rate(count, lambda: backend.compute(ImageBatch(images)),
-                                                                                    repeats), MEMORY_BOUND, **model))
-    out = np.empty((count, OUT_LAYER_SIZE))
-    if Forward is not None:
-        native = Forward(cnn.filters, cnn.weights, threads)
+        runs = [lambda: backend.compute(ImageBatch(images))]
+        native = Forward(cnn.filters, cnn.weights, threads) if Forward is not None else None
         try:
-            read = median_rate(count, lambda: native.read(images), repeats)
-            figures.insert(0, Figure("cpu", f"bound: memory, every image read once ({threads} threads)", read, key=MEMORY_BOUND,
-                                     bytes_per_image=IMAGE_BYTES))
-            plain = median_rate(count, lambda: native.compute_plain(images, out), repeats)
-            figures.append(Figure("cpu", f"peer: plain C++ loop, 8 images a vector ({threads} threads, {native.isa})",
-                                  plain, MEMORY_BOUND, check=_bit_exact(out, want), **model))
+            if native is not None:
+                read = median_rate(count, lambda: native.read(images), repeats)
+                figures.append(Figure("cpu", f"bound: memory, every image read once ({threads} threads)", read, key=MEMORY_BOUND,
+                                      bytes_per_image=IMAGE_BYTES))
+                runs.append(lambda: native.compute_plain(images, out))
+            # In turns, so that a slower spell of the machine slows both alike and their ratio holds turn by turn.
+            forward_seconds, *plain_seconds = alternated_seconds(runs, repeats)
         finally:
-            native.close()
+            if native is not None:
+                native.close()
+    rate, spread = rate_and_spread(count, forward_seconds)
+    figures.append(Figure("cpu", f"cpu: forward ({backend.device})", rate, MEMORY_BOUND, spread=spread, **model))
+    if native is not None:
+        rate, spread = rate_and_spread(count, plain_seconds[0])
+        figures.append(Figure("cpu", f"peer: plain C++ loop, 8 images a vector ({threads} threads, {native.plain_isa})", rate,
+                              MEMORY_BOUND, spread=spread, check=_bit_exact(out, want), **model))
+        turns = sorted(plain / forward for forward, plain in zip(forward_seconds, plain_seconds[0]))
+        notes.append(f"cpu: the forward against the plain loop, turn by turn: {turns[0]:.1f}x..{turns[-1]:.1f}x")
     numpy = NumpyForward(cnn.filters, cnn.weights, threads)
     try:
         some = images[: max(1, count // 8)]  # ~20x slower: an eighth of the images

@@ -123,6 +123,11 @@ def median_rate(images: int, run: Callable[[], object], repeats: int) -> float:
     return images / statistics.median(repeat_seconds(run, repeats))
 
 
+def rate_and_spread(images: int, seconds: list[float]) -> tuple[float, tuple[float, float]]:
+    """Images per second over the repeats' `seconds`: the median, and the slowest and the fastest repeat's."""
+    return images / statistics.median(seconds), (images / max(seconds), images / min(seconds))
+
+
 def ratios(report: BenchReport) -> list[dict[str, Any]]:
     """Each figure as a dict, with its throughput and its ratios to its bound and to the lab scheme."""
     keyed = {figure.key: figure for figure in report.figures if figure.key}

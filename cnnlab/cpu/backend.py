@@ -1,17 +1,20 @@
 """The CPU backend (the lab's cpu.rs): the network on every core, bit for bit what cpu.rs computes.
 
-The forward is native (cnnlab.cpu._forward, from native/cpu_forward.cpp: 8 images a vector, the
-network's sums in cpu.rs's order) where the install built it, and the numpy forward (numpy_forward.py,
-the same bits, ~20x slower) where no compiler did.
+The forward is native (cnnlab.cpu._forward, from native/cpu_forward.cpp: a group of images a vector,
+the network's sums in cpu.rs's order) where the install built it, and the numpy forward
+(numpy_forward.py, the same bits, ~20x slower) where no compiler did. The native kernels are the
+widest this CPU runs, or those CNNLAB_CPU_ISA names (avx512, avx2 or x86-64), to time narrower ones.
 """
 
 from __future__ import annotations
 
+import os
 import platform
 import sys
 
 import numpy as np
 
+from cnnlab.errors import UsageError
 from cnnlab.network import (
     IMAGE_BYTES,
     INPUT_DIM,
@@ -25,9 +28,28 @@ from cnnlab.network import (
 )
 
 try:
-    from cnnlab.cpu._forward import Forward
+    from cnnlab.cpu._forward import CPU_ISAS, ISAS, Forward
 except ImportError:  # no C++ compiler at install time: numpy, and a note saying why it is slow
     Forward = None
+    ISAS = CPU_ISAS = ()
+
+ISA_VARIABLE = "CNNLAB_CPU_ISA"
+
+
+def kernel_isa() -> str | None:
+    """The instruction set whose kernels CNNLAB_CPU_ISA asks the native forward for; None where it is unset or empty
+    (the widest this CPU runs). A UsageError where it names none, kernels this CPU cannot run (never a quiet
+    fallback: a timing would say what did not run), or any kernels where the native forward is not built."""
+    isa = os.environ.get(ISA_VARIABLE, "")
+    if not isa:
+        return None
+    if Forward is None:
+        raise UsageError(f"{ISA_VARIABLE}={isa}: the native forward is not built, so there are no kernels to choose")
+    if isa not in ISAS:
+        raise UsageError(f"{ISA_VARIABLE}={isa}: not one of {', '.join(ISAS)}")
+    if isa not in CPU_ISAS:
+        raise UsageError(f"{ISA_VARIABLE}={isa}: this CPU runs only the {', '.join(CPU_ISAS)} kernels")
+    return isa
 
 
 class CpuBackend:
@@ -43,8 +65,9 @@ class CpuBackend:
     def __init__(self, cnn: Cnn, batch_size: int | None = None, threads: int | None = None) -> None:
         self.batch_size = batch_size
         self.threads = threads or default_threads()
+        isa = kernel_isa()
         if Forward is not None:
-            self._forward = Forward(cnn.filters, cnn.weights, self.threads)
+            self._forward = Forward(cnn.filters, cnn.weights, self.threads, isa)
         else:
             from cnnlab.cpu.numpy_forward import NumpyForward  # the fallback, and its thread pool's import, only here
 

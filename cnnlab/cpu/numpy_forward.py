@@ -52,11 +52,12 @@ def forward(
         images.reshape(n, CONV_OUT_DIM, FILTER_DIM, CONV_OUT_DIM, FILTER_DIM).transpose(2, 4, 0, 1, 3),
     )
     np.multiply(scratch.taps, filters_by_tap, out=scratch.products)
-    conv = np.sum(scratch.products, axis=0, out=scratch.conv)  # (n, 10, 400)
+    # initial=-0.0: cpu.rs's sums start there (so 25 products of -0.0 sum to -0.0); numpy 2's otherwise start at +0.0.
+    conv = np.sum(scratch.products, axis=0, out=scratch.conv, initial=-0.0)  # (n, 10, 400)
     np.less(conv, 0.0, out=scratch.negative)
     np.copyto(conv, 0.0, where=scratch.negative)  # ReLU, leaving -0.0 as cpu.rs does
     flattened = conv.reshape(n, OUT_NEURON_DIM).T[:, :, None]  # (4000, n, 1), input-major
-    np.sum(np.multiply(flattened, weights_by_input, out=scratch.terms), axis=0, out=out)
+    np.sum(np.multiply(flattened, weights_by_input, out=scratch.terms), axis=0, out=out, initial=-0.0)
 
 
 class NumpyForward:
