@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from cnnlab.files.labcsv import CsvBatch
-from cnnlab.network import Backend, BackendOwner, ImageBatch, OutputBatch, TextBatching
+from cnnlab.network import Backend, ImageBatch, OutputBatch, TextBatching
+from cnnlab.owner import BackendOwner
 
 
 class Spread:
