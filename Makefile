@@ -14,7 +14,7 @@ TEST_EXTRAS := test,lint
 # What the install compiles: a change to any of it builds the native extensions again.
 NATIVE_SOURCES := setup.py $(wildcard native/*) $(wildcard kernel/*.h)
 
-.PHONY: setup run test lint clean
+.PHONY: setup run test lint typecheck clean
 
 # $(call logged,COMMAND): COMMAND run with its output added to the install log; where it fails, the log's tail and
 # where the whole log is.
@@ -45,7 +45,11 @@ run: $(VENV)/installed-run
 lint: $(VENV)/installed-test
 	$(BIN)/ruff check .
 
-test: lint
+# mypy, as pyproject.toml configures it: the whole package, the public API as --strict checks it.
+typecheck: $(VENV)/installed-test
+	$(BIN)/mypy
+
+test: lint typecheck
 	$(BIN)/python -m pytest -q -rs $(PYTEST_ARGS)  # -rs: the reason for every skip
 
 clean:

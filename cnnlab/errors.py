@@ -8,7 +8,7 @@ import resource
 STANDARD_STREAM = "-"  # as a file name: standard input, or standard output for an output
 
 
-def shown(path: str | os.PathLike) -> str:
+def shown(path: str | os.PathLike[str]) -> str:
     """An output path as messages name it: `-` is standard output."""
     path = os.fspath(path)
     return "<stdout>" if path == STANDARD_STREAM else path
@@ -36,7 +36,7 @@ class ArrayError(CnnlabError, ValueError):
 class InputFileError(CnnlabError):
     """A file that cannot be read as what it should be, with the line where that was found."""
 
-    def __init__(self, path: str | os.PathLike, message: str, line: int | None = None) -> None:
+    def __init__(self, path: str | os.PathLike[str], message: str, line: int | None = None) -> None:
         self.path = os.fspath(path)
         self.line = line
         self.message = message
@@ -44,7 +44,7 @@ class InputFileError(CnnlabError):
         where = where if line is None else f"{where}:{line}"
         super().__init__(f"{where}: {message}")
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[type[InputFileError], tuple[str, str, int | None]]:
         """Made again from its parts, so that it crosses a process boundary (Dask's workers) as itself."""
         return type(self), (self.path, self.message, self.line)
 

@@ -10,11 +10,16 @@ from __future__ import annotations
 import mmap
 import os
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from cnnlab.errors import ArrayError
+
+if TYPE_CHECKING:
+    from typing import Self
+
+    from cnnlab.files.labcsv import CsvBatch
 
 # One word per idea for sizes, everywhere in cnnlab:
 #   image    one 100x100 input matrix; its outputs are one row of OUT_LAYER_SIZE values.
@@ -179,7 +184,7 @@ class ImageBatch:
         _checked("images", self.images, (None, INPUT_DIM, INPUT_DIM))
 
     def __len__(self) -> int:
-        return self.images.shape[0]
+        return len(self.images)
 
 
 @dataclass(frozen=True)
@@ -192,7 +197,7 @@ class OutputBatch:
         _checked("outputs", self.values, (None, OUT_LAYER_SIZE))
 
     def __len__(self) -> int:
-        return self.values.shape[0]
+        return len(self.values)
 
 
 @dataclass(frozen=True)
@@ -209,9 +214,17 @@ class Backend(Protocol):
     name: str  # "cpu" or "cuda"
     device: str  # what it runs on, in words
     threads: int  # the host threads it runs on, and the input's reader with it
-    batch_size: int | None  # images per compute() call that suit this backend; None: the reader's step, which suits it
-    csv_text: TextBatching | None  # not None: compute() also takes CSV text (labcsv.CsvBatch), parsed on the backend's device
     reads_in_place: bool  # compute() reads any host memory as fast as its own buffers: a mapped file's images go in place
+
+    @property
+    def batch_size(self) -> int | None:
+        """Images per compute() call that suit this backend; None: the reader's step, which suits it."""
+        ...
+
+    @property
+    def csv_text(self) -> TextBatching | None:
+        """Not None: compute() also takes CSV text (labcsv.CsvBatch), parsed on the backend's device."""
+        ...
 
     def allocate_images(self, count: int) -> np.ndarray:
         """A host buffer of shape (count, 100, 100) that compute() reads fastest from."""
@@ -225,15 +238,16 @@ class Backend(Protocol):
         """Give back a buffer allocate_text() made."""
         ...
 
-    def compute(self, batch: ImageBatch, check_finite: bool = False) -> OutputBatch:
-        """The network's outputs for every image of the batch, in order; `check_finite`: an ArrayError where an image
-        holds a NaN or an infinity (for images no parser has checked: a .npy file's)."""
+    def compute(self, batch: ImageBatch | CsvBatch, check_finite: bool = False) -> OutputBatch:
+        """The network's outputs for every image of the batch (CSV text only where csv_text is set), in order;
+        `check_finite`: an ArrayError where an image holds a NaN or an infinity (for images no parser has checked: a
+        .npy file's)."""
         ...
 
     def close(self) -> None:
         """Free what the backend holds (a GPU's context last)."""
         ...
 
-    def __enter__(self) -> Backend: ...
+    def __enter__(self) -> Self: ...
 
     def __exit__(self, *exc_info: object) -> None: ...

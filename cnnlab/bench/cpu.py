@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from cnnlab.bench.peers import run_peers
-from cnnlab.bench.report import BenchOptions, Figure, median_rate
+from cnnlab.bench.report import BenchOptions, Figure, Traffic, median_rate
 from cnnlab.cpu.backend import CpuBackend, Forward
 from cnnlab.cpu.numpy_forward import NumpyForward
 from cnnlab.generate import random_values
@@ -29,7 +29,7 @@ def bench_cpu(cnn: Cnn, options: BenchOptions, rng: np.random.Generator, seed: i
     """The cpu rows and the notes on them: how the forward compares with each peer, or why a peer did not run."""
     images = random_values(rng, options.cpu_images, INPUT_DIM, INPUT_DIM)
     count, repeats, threads = len(images), options.repeats, options.threads
-    model = {"bytes_per_image": IMAGE_BYTES, "flops_per_image": FLOPS_PER_IMAGE}
+    model: Traffic = {"bytes_per_image": IMAGE_BYTES, "flops_per_image": FLOPS_PER_IMAGE}
     figures, notes = [], []
     with CpuBackend(cnn, threads=threads) as backend:
         threads = backend.threads
