@@ -55,6 +55,7 @@ DEFAULT_BATCH_IMAGES = 2048
 # tools/profile_cuda_csv.py): 256 a batch loop 0.16-0.19 s, 512 0.27-0.31 s, where making the larger
 # windows page-locked cost more than the fewer hand-offs saved.
 DEFAULT_TEXT_BATCH_IMAGES = 256
+CLOSED = "this CudaContext is closed"  # what a call after close() raises (UsageError)
 
 
 def _numbered(count: int) -> str:
@@ -147,7 +148,7 @@ class CudaContext:
     @property
     def _open_lanes(self) -> Lanes:
         if self._lanes is None:
-            raise UsageError("this CudaContext is closed")
+            raise UsageError(CLOSED)
         return self._lanes
 
     def allocate_images(self, count: int) -> np.ndarray:
@@ -263,7 +264,7 @@ class CudaContext:
         """The context made current in this thread for a while (the reader's thread has none of its own)."""
         context = self._context
         if context is None:
-            raise UsageError("this CudaContext is closed")
+            raise UsageError(CLOSED)
         context.push()
         try:
             yield
