@@ -11,8 +11,7 @@ INSTALL_LOG := $(VENV)/install.log
 # pyproject project editable; setuptools 70.1 the first to build a wheel without the wheel package.
 BUILD_REQUIRES := 'numpy>=1.26' 'setuptools>=70.1' 'pip>=21.3'
 TEST_EXTRAS := test,lint
-# Bytecode is written as modules are first imported, not for every file a package holds (numpy's: ~5 s on 2 cores).
-PIP_INSTALL := $(BIN)/python -m pip install --no-compile --disable-pip-version-check
+PIP_INSTALL := $(BIN)/python -m pip install --disable-pip-version-check
 # What the install compiles: a change to any of it builds the native extensions again.
 NATIVE_SOURCES := setup.py $(wildcard native/*) $(wildcard kernel/*.h)
 
@@ -23,12 +22,15 @@ NATIVE_SOURCES := setup.py $(wildcard native/*) $(wildcard kernel/*.h)
 logged = echo "+ $(1)" >>$(INSTALL_LOG); $(1) >>$(INSTALL_LOG) 2>&1 || { tail -n 20 $(INSTALL_LOG) >&2; \
 	echo "make: failed: $(1); the whole log is $(INSTALL_LOG)" >&2; exit 1; }
 
-# What running needs: numpy, and cnnlab installed editable with its native extensions built in place.
+# What running needs: numpy, and cnnlab installed editable with its native extensions built in place. pip compiles
+# the bytecode of every file it installs, one at a time (~5 s here on 2 cores, most of it the build tools'): of numpy's
+# only the modules that run, on every core.
 $(VENV)/installed-run: pyproject.toml setup.cfg $(NATIVE_SOURCES)
 	@mkdir -p $(VENV) && : >$(INSTALL_LOG)
 	@echo "make: installing cnnlab and numpy into $(VENV) (log: $(INSTALL_LOG))"
 	@$(call logged,$(PYTHON) -m venv $(VENV))
-	@$(call logged,$(PIP_INSTALL) $(BUILD_REQUIRES))
+	@$(call logged,$(PIP_INSTALL) --no-compile $(BUILD_REQUIRES))
+	@$(call logged,$(BIN)/python -m compileall -q -j 0 -x /tests/ $(VENV)/lib/python3*/site-packages/numpy)
 	@$(call logged,$(PIP_INSTALL) --no-build-isolation -e .)
 	@touch $@
 
