@@ -11,7 +11,10 @@ INSTALL_LOG := $(VENV)/install.log
 # pyproject project editable; setuptools 70.1 the first to build a wheel without the wheel package.
 BUILD_REQUIRES := 'numpy>=1.26' 'setuptools>=70.1' 'pip>=21.3'
 TEST_EXTRAS := test,lint
-PIP_INSTALL := $(BIN)/python -m pip install --disable-pip-version-check
+# pip compiles the bytecode of every file it installs, one at a time; instead, without the tests' files, on every core.
+PIP_INSTALL := $(BIN)/python -m pip install --disable-pip-version-check --no-compile
+COMPILE := $(BIN)/python -m compileall -q -j 0 -x /tests/
+SITE_PACKAGES := $(VENV)/lib/python3*/site-packages
 # What the install compiles: a change to any of it builds the native extensions again.
 NATIVE_SOURCES := setup.py $(wildcard native/*) $(wildcard kernel/*.h)
 
@@ -22,15 +25,14 @@ NATIVE_SOURCES := setup.py $(wildcard native/*) $(wildcard kernel/*.h)
 logged = echo "+ $(1)" >>$(INSTALL_LOG); $(1) >>$(INSTALL_LOG) 2>&1 || { tail -n 20 $(INSTALL_LOG) >&2; \
 	echo "make: failed: $(1); the whole log is $(INSTALL_LOG)" >&2; exit 1; }
 
-# What running needs: numpy, and cnnlab installed editable with its native extensions built in place. pip compiles
-# the bytecode of every file it installs, one at a time (~5 s here on 2 cores, most of it the build tools'): of numpy's
-# only the modules that run, on every core.
+# What running needs: numpy, and cnnlab installed editable with its native extensions built in place. Of the packages
+# installed, only numpy's bytecode is compiled: the build tools' would take as long again, for one build.
 $(VENV)/installed-run: pyproject.toml setup.cfg $(NATIVE_SOURCES)
 	@mkdir -p $(VENV) && : >$(INSTALL_LOG)
 	@echo "make: installing cnnlab and numpy into $(VENV) (log: $(INSTALL_LOG))"
 	@$(call logged,$(PYTHON) -m venv $(VENV))
-	@$(call logged,$(PIP_INSTALL) --no-compile $(BUILD_REQUIRES))
-	@$(call logged,$(BIN)/python -m compileall -q -j 0 -x /tests/ $(VENV)/lib/python3*/site-packages/numpy)
+	@$(call logged,$(PIP_INSTALL) $(BUILD_REQUIRES))
+	@$(call logged,$(COMPILE) $(SITE_PACKAGES)/numpy)
 	@$(call logged,$(PIP_INSTALL) --no-build-isolation -e .)
 	@touch $@
 
@@ -39,6 +41,7 @@ $(VENV)/installed-run: pyproject.toml setup.cfg $(NATIVE_SOURCES)
 $(VENV)/installed-test: $(VENV)/installed-run
 	@echo "make: installing the $(TEST_EXTRAS) extras into $(VENV) (log: $(INSTALL_LOG))"
 	@$(call logged,$(PIP_INSTALL) 'cnnlab[$(TEST_EXTRAS)]')
+	@$(call logged,$(COMPILE) $(SITE_PACKAGES))
 	@touch $@
 
 setup: $(VENV)/installed-run
