@@ -4,24 +4,59 @@ PYTHON ?= python3
 PYTEST_ARGS ?=
 VENV := .venv
 BIN := $(VENV)/bin
+# The install's own output: out of sight, its last lines shown only where a step fails.
+INSTALL_LOG := $(VENV)/install.log
+# pyproject.toml's build requirements, installed into the venv once so that the build runs there (--no-build-isolation)
+# rather than in a build env of its own, which would install numpy a second time. pip 21.3 is the first to install a
+# pyproject project editable; setuptools 70.1 the first to build a wheel without the wheel package.
+BUILD_REQUIRES := 'numpy>=1.26' 'setuptools>=70.1' 'pip>=21.3'
+TEST_EXTRAS := test,lint
+# pip compiles the bytecode of every file it installs, one at a time; instead, without the tests' files, on every core.
+PIP_INSTALL := $(BIN)/python -m pip install --disable-pip-version-check --no-compile
+COMPILE := $(BIN)/python -m compileall -q -j 0 -x /tests/
+SITE_PACKAGES := $(VENV)/lib/python3*/site-packages
+# What the install compiles: a change to any of it builds the native extensions again.
+NATIVE_SOURCES := setup.py $(wildcard native/*) $(wildcard kernel/*.h)
 
-.PHONY: setup run test lint clean
+.PHONY: setup run test lint typecheck clean
 
-$(BIN)/cnnlab: setup.cfg pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,lint]'
-	touch $@
+# $(call logged,COMMAND): COMMAND run with its output added to the install log; where it fails, the log's tail and
+# where the whole log is.
+logged = echo "+ $(1)" >>$(INSTALL_LOG); $(1) >>$(INSTALL_LOG) 2>&1 || { tail -n 20 $(INSTALL_LOG) >&2; \
+	echo "make: failed: $(1); the whole log is $(INSTALL_LOG)" >&2; exit 1; }
 
-setup: $(BIN)/cnnlab
+# What running needs: numpy, and cnnlab installed editable with its native extensions built in place. Of the packages
+# installed, only numpy's bytecode is compiled: the build tools' would take as long again, for one build.
+$(VENV)/installed-run: pyproject.toml setup.cfg $(NATIVE_SOURCES)
+	@mkdir -p $(VENV) && : >$(INSTALL_LOG)
+	@echo "make: installing cnnlab and numpy into $(VENV) (log: $(INSTALL_LOG))"
+	@$(call logged,$(PYTHON) -m venv $(VENV))
+	@$(call logged,$(PIP_INSTALL) $(BUILD_REQUIRES))
+	@$(call logged,$(COMPILE) $(SITE_PACKAGES)/numpy)
+	@$(call logged,$(PIP_INSTALL) --no-build-isolation -e .)
+	@touch $@
 
-run: setup
+# What testing adds: the test and lint extras. Named as cnnlab[...], pip takes them from the editable install's metadata
+# and installs only what they add, without building cnnlab again.
+$(VENV)/installed-test: $(VENV)/installed-run
+	@echo "make: installing the $(TEST_EXTRAS) extras into $(VENV) (log: $(INSTALL_LOG))"
+	@$(call logged,$(PIP_INSTALL) 'cnnlab[$(TEST_EXTRAS)]')
+	@$(call logged,$(COMPILE) $(SITE_PACKAGES))
+	@touch $@
+
+setup: $(VENV)/installed-run
+
+run: $(VENV)/installed-run
 	$(BIN)/python -m cnnlab cpu
 
-lint: setup
+lint: $(VENV)/installed-test
 	$(BIN)/ruff check .
 
-test: lint
+# mypy, as pyproject.toml configures it: the whole package, the public API as --strict checks it.
+typecheck: $(VENV)/installed-test
+	$(BIN)/mypy
+
+test: lint typecheck
 	$(BIN)/python -m pytest -q -rs $(PYTEST_ARGS)  # -rs: the reason for every skip
 
 clean:

@@ -24,7 +24,7 @@ from cnnlab.network import INPUT_DIM, OUT_LAYER_SIZE, Cnn, ImageBatch, require_f
 from cnnlab.run import fill_images
 
 
-def load_cnn(path: str | os.PathLike) -> Cnn:
+def load_cnn(path: str | os.PathLike[str]) -> Cnn:
     """The CNN file at `path` (the lab's CSV layout). A Cnn is also made from arrays: `Cnn(filters, weights)`.
 
     >>> cnn = load_cnn("data/cnn.csv")
@@ -34,7 +34,7 @@ def load_cnn(path: str | os.PathLike) -> Cnn:
     return read_cnn(path)
 
 
-def load_images(path: str | os.PathLike) -> np.ndarray:
+def load_images(path: str | os.PathLike[str]) -> np.ndarray:
     """Every image of the input file at `path` as one (N, 100, 100) float64 array: the lab's CSV, or `.npy`
     by its extension. For a file larger than memory, load_image_batches.
 
@@ -48,7 +48,7 @@ def load_images(path: str | os.PathLike) -> np.ndarray:
     return images
 
 
-def load_image_batches(path: str | os.PathLike, batch: int = 1024) -> Iterator[np.ndarray]:
+def load_image_batches(path: str | os.PathLike[str], batch: int = 1024) -> Iterator[np.ndarray]:
     """The images of the input file at `path`, `batch` at a time (fewer in the last): a new (n, 100, 100)
     float64 array each, so that a file of any size is read in bounded memory.
 

@@ -72,14 +72,14 @@ def compare_files(
     max_abs = float(diff.max(initial=0.0))
     max_rel = float(rel.max(initial=0.0))
     bad = np.flatnonzero(~close)
-    problem = None
+    discrepancy = None
     if bad.size:
         first = int(bad[0])
         line = int(line_of[first])
         position = first - int(line_starts[line - 1]) + 1
-        problem = (
+        discrepancy = (
             f"line {line} value {position}: {float(a[first])!r} vs {float(b[first])!r}; "
             f"{bad.size} of {a.size} values differ (largest difference {max_abs:.3g} absolute, "
             f"{max_rel:.3g} relative)"
         )
-    return Comparison(len(rows_a), int(a.size), int(bad.size), problem, max_abs, max_rel)
+    return Comparison(len(rows_a), int(a.size), int(bad.size), discrepancy, max_abs, max_rel)

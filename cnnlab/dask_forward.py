@@ -19,7 +19,8 @@ from cnnlab.arrays import gpu_index, image_count
 from cnnlab.errors import ArrayError, UsageError
 from cnnlab.files.labcsv import read_cnn
 from cnnlab.files.safety import refuse_same_files
-from cnnlab.network import INPUT_DIM, OUT_LAYER_SIZE, Backend, BackendOwner, Cnn, ImageBatch, first_nonfinite, nonfinite_error
+from cnnlab.network import INPUT_DIM, OUT_LAYER_SIZE, Backend, Cnn, ImageBatch, first_nonfinite, nonfinite_error
+from cnnlab.owner import BackendOwner
 from cnnlab.run import make_backend, run_network
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ STANDARD_STREAM = "-"  # as a file name: standard input, or standard output for 
 _ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\", "'": "\\'"}
 
 
-def named(path: str | os.PathLike) -> str:
+def named(path: str | os.PathLike[str]) -> str:
     """A path as a user can type it back: as it is where every character is printable, else in the shell's $'...'
     quoting, each byte that is not printable text escaped (a name that is not UTF-8, or that holds a newline)."""
     text = os.fsdecode(path)
@@ -28,7 +28,7 @@ def named(path: str | os.PathLike) -> str:
     return "$'" + "".join(shown) + "'"
 
 
-def shown(path: str | os.PathLike) -> str:
+def shown(path: str | os.PathLike[str]) -> str:
     """An output path as messages name it: `-` is standard output."""
     return "<stdout>" if os.fspath(path) == STANDARD_STREAM else named(path)
 
@@ -63,7 +63,7 @@ class ArrayError(CnnlabError, ValueError):
 class InputFileError(CnnlabError):
     """A file that cannot be read as what it should be, with the line where that was found."""
 
-    def __init__(self, path: str | os.PathLike, message: str, line: int | None = None) -> None:
+    def __init__(self, path: str | os.PathLike[str], message: str, line: int | None = None) -> None:
         self.path = os.fspath(path)
         self.line = line
         self.message = message
@@ -71,7 +71,7 @@ class InputFileError(CnnlabError):
         where = where if line is None else f"{where}:{line}"
         super().__init__(f"{where}: {message}")
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[type[InputFileError], tuple[str, str, int | None]]:
         """Made again from its parts, so that it crosses a process boundary (Dask's workers) as itself."""
         return type(self), (self.path, self.message, self.line)
 

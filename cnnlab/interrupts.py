@@ -26,7 +26,7 @@ class Terminated(BaseException):
 
 
 # Each signal a run stops for: what its handler raises, and the word the one-line message uses.
-SIGNAL_EXITS = {
+SIGNAL_EXITS: dict[int, tuple[type[BaseException], str]] = {
     signal.SIGINT: (KeyboardInterrupt, "interrupted"),
     signal.SIGTERM: (Terminated, "terminated"),
     signal.SIGHUP: (Terminated, "hung up"),  # the terminal closed

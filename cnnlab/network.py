@@ -1,5 +1,5 @@
-"""The network's constants and typed containers (the lab's cnn.rs), the Backend protocol that the CPU and CUDA
-backends share, and BackendOwner, a backend on a thread of its own.
+"""The network's constants and typed containers (the lab's cnn.rs), and the Backend protocol that the CPU and CUDA
+backends share.
 
 Each container checks shape, dtype and contiguity once, when it is made, so the backends
 can trust what they are handed.
@@ -10,20 +10,18 @@ from __future__ import annotations
 import errno
 import mmap
 import os
-import queue
 import resource
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from cnnlab.errors import ArrayError, ResourceError, byte_size, memory_limit_note
-from cnnlab.interrupts import join_through_signals
 
 if TYPE_CHECKING:
-    from concurrent.futures import Future
+    from typing import Self
+
+    from cnnlab.files.labcsv import CsvBatch
 
 # One word per idea for sizes, everywhere in cnnlab:
 #   image    one 100x100 input matrix; its outputs are one row of OUT_LAYER_SIZE values.
@@ -212,7 +210,7 @@ class ImageBatch:
         _checked("images", self.images, (None, INPUT_DIM, INPUT_DIM))
 
     def __len__(self) -> int:
-        return self.images.shape[0]
+        return len(self.images)
 
 
 @dataclass(frozen=True)
@@ -225,7 +223,7 @@ class OutputBatch:
         _checked("outputs", self.values, (None, OUT_LAYER_SIZE))
 
     def __len__(self) -> int:
-        return self.values.shape[0]
+        return len(self.values)
 
 
 @dataclass(frozen=True)
@@ -242,9 +240,17 @@ class Backend(Protocol):
     name: str  # "cpu" or "cuda"
     device: str  # what it runs on, in words
     threads: int  # the host threads it runs on, and the input's reader with it
-    batch_size: int | None  # images per compute() call that suit this backend; None: the reader's step, which suits it
-    csv_text: TextBatching | None  # not None: compute() also takes CSV text (labcsv.CsvBatch), parsed on the backend's device
     reads_in_place: bool  # compute() reads any host memory as fast as its own buffers: a mapped file's images go in place
+
+    @property
+    def batch_size(self) -> int | None:
+        """Images per compute() call that suit this backend; None: the reader's step, which suits it."""
+        ...
+
+    @property
+    def csv_text(self) -> TextBatching | None:
+        """Not None: compute() also takes CSV text (labcsv.CsvBatch), parsed on the backend's device."""
+        ...
 
     def allocate_images(self, count: int) -> np.ndarray:
         """A host buffer of shape (count, 100, 100) that compute() reads fastest from."""
@@ -258,74 +264,16 @@ class Backend(Protocol):
         """Give back a buffer allocate_text() made."""
         ...
 
-    def compute(self, batch: ImageBatch, check_finite: bool = False) -> OutputBatch:
-        """The network's outputs for every image of the batch, in order; `check_finite`: an ArrayError where an image
-        holds a NaN or an infinity (for images no parser has checked: a .npy file's)."""
+    def compute(self, batch: ImageBatch | CsvBatch, check_finite: bool = False) -> OutputBatch:
+        """The network's outputs for every image of the batch (CSV text only where csv_text is set), in order;
+        `check_finite`: an ArrayError where an image holds a NaN or an infinity (for images no parser has checked: a
+        .npy file's)."""
         ...
 
     def close(self) -> None:
         """Free what the backend holds (a GPU's context last)."""
         ...
 
-    def __enter__(self) -> Backend: ...
+    def __enter__(self) -> Self: ...
 
     def __exit__(self, *exc_info: object) -> None: ...
-
-
-class BackendOwner:
-    """A backend made (at once), used and closed on a thread of its own, named `name`: a CUDA context is current only on
-    the thread that made it, and a backend computes one call at a time, whatever threads submit them."""
-
-    def __init__(self, make: Callable[[], Backend], name: str) -> None:
-        # Imported here, as in submit(): a run on the CPU from a mapped .npy file owns no backend on a thread, and its
-        # start-up then imports no concurrent.futures (nor logging, which that imports).
-        from concurrent.futures import Future
-
-        self._calls: queue.SimpleQueue[tuple[Callable[[Backend], Any], Future[Any]] | None] = queue.SimpleQueue()
-        self._made: Future[Backend] = Future()
-        # A daemon: the interpreter's exit does not wait for it, and it still runs when atexit closes it.
-        self._thread = threading.Thread(target=self._serve, args=(make,), name=name, daemon=True)
-        self._thread.start()
-
-    def _serve(self, make: Callable[[], Backend]) -> None:
-        try:
-            self._made.set_result(make())
-        except BaseException as error:  # backend() and every call raise it, until close()
-            self._made.set_exception(error)
-        try:
-            while (call := self._calls.get()) is not None:
-                work, done = call
-                try:
-                    done.set_result(work(self._made.result()))
-                except BaseException as error:
-                    done.set_exception(error)
-        finally:
-            if self._made.exception() is None:
-                self._made.result().close()
-
-    @property
-    def failed(self) -> bool:
-        """Whether making the backend failed (False while it is being made), so that a caller can make another."""
-        return self._made.done() and self._made.exception() is not None
-
-    def backend(self) -> Backend:
-        """The backend, once made (its error, where making it failed), for what may run on any thread."""
-        return self._made.result()
-
-    def submit(self, work: Callable[[Backend], Any]) -> Future[Any]:
-        """`work(backend)` run on the backend's thread, after every call submitted before it."""
-        from concurrent.futures import Future
-
-        done: Future[Any] = Future()
-        self._calls.put((work, done))
-        return done
-
-    def call(self, work: Callable[[Backend], Any]) -> Any:
-        """`work(backend)`'s result, run on the backend's thread, for a caller with nothing to do meanwhile."""
-        return self.submit(work).result()
-
-    def close(self) -> None:
-        """Close the backend on its thread once the calls already submitted are done, and wait for it even through a
-        second signal: the backend (a GPU's context) is always closed."""
-        self._calls.put(None)
-        join_through_signals(self._thread)

@@ -199,6 +199,7 @@ def run_network(
             # The backend's batch, else the reader's step (a mapped file's views); never buffers for images the file cannot hold.
             batch_size = min(backend.batch_size or (VIEW_IMAGES if mapped else reader.step), reader.count, reader.capacity)
             if mapped:
+                assert isinstance(reader, NpyImageReader)
                 read, buffers = partial(_view_images, reader, batch_size), [None] * slots
             else:
                 batch_size = fit_batch(reader, batch_size, slots, backend.threads)

@@ -22,7 +22,8 @@ from cnnlab.cuda.spread import Spread
 from cnnlab.errors import DeviceError
 from cnnlab.files.labcsv import CsvImageReader, read_output_rows
 from cnnlab.generate import random_values
-from cnnlab.network import BackendOwner, Cnn, ImageBatch
+from cnnlab.network import Cnn, ImageBatch
+from cnnlab.owner import BackendOwner
 from cnnlab.run import run_network
 
 GPU = pytest.mark.skipif(why_no_gpu() is not None, reason=str(why_no_gpu()))

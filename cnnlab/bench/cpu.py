@@ -11,10 +11,12 @@ PyTorch under the lab's rule.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from cnnlab.bench.peers import run_peers
-from cnnlab.bench.report import BenchOptions, Figure, alternated_seconds, median_rate, rate_and_spread
+from cnnlab.bench.report import BenchOptions, Figure, Traffic, alternated_seconds, median_rate, rate_and_spread
 from cnnlab.cpu.backend import CpuBackend, Forward
 from cnnlab.cpu.numpy_forward import NumpyForward
 from cnnlab.generate import random_values
@@ -31,13 +33,13 @@ def bench_cpu(cnn: Cnn, options: BenchOptions, rng: np.random.Generator, seed: i
     """The cpu rows and the notes on them: how the forward compares with each peer, or why a peer did not run."""
     images = random_values(rng, options.cpu_images, INPUT_DIM, INPUT_DIM)
     count, repeats, threads = len(images), options.repeats, options.threads
-    model = {"bytes_per_image": IMAGE_BYTES, "flops_per_image": FLOPS_PER_IMAGE}
+    model: Traffic = {"bytes_per_image": IMAGE_BYTES, "flops_per_image": FLOPS_PER_IMAGE}
     figures, notes = [], []
     out = np.empty((count, OUT_LAYER_SIZE))
     with CpuBackend(cnn, threads=threads) as backend:
         threads = backend.threads
         want = backend.compute(ImageBatch(images)).values
-        runs = [lambda: backend.compute(ImageBatch(images))]
+        runs: list[Callable[[], object]] = [lambda: backend.compute(ImageBatch(images))]
         native = Forward(cnn.filters, cnn.weights, threads) if Forward is not None else None
         try:
             if native is not None:

@@ -11,7 +11,7 @@ import itertools
 import statistics
 import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -135,17 +135,18 @@ def bench_cuda(cnn: Cnn, options: BenchOptions, rng: np.random.Generator, report
     """The GPU rows, the sweep and the device's name into `report`; raises CnnlabError without a usable GPU."""
     from cnnlab.cuda.context import CudaContext, DeviceImages
 
-    chosen = {"chunk_images": options.chunk_images, "streams": options.streams}
-    config = ladder.LaunchConfig(**{key: value for key, value in chosen.items() if value is not None})
+    config = ladder.LaunchConfig(chunk_images=options.chunk_images)
+    if options.streams is not None:
+        config = replace(config, streams=options.streams)
     host_bytes = IMAGE_BYTES + config.segments * OUT_LAYER_SIZE * 8  # images in, partials out
-    model = {"flops_per_image": FLOPS_PER_IMAGE}
     if "lab" in options.rows:
         images = random_values(rng, options.lab_images, INPUT_DIM, INPUT_DIM)
         singles = [ImageBatch(image[None]) for image in images]
         with CudaContext(cnn, batch_size=1) as context:
             rate = median_rate(len(singles), lambda: [context.compute(single) for single in singles], options.repeats)
             report.device = context.device
-        report.figures.append(Figure("lab", "cuda, one image per launch (the lab's scheme)", rate, bytes_per_image=host_bytes, **model))
+        name = "cuda, one image per launch (the lab's scheme)"
+        report.figures.append(Figure("lab", name, rate, bytes_per_image=host_bytes, flops_per_image=FLOPS_PER_IMAGE))
     if not {"pinned", "resident", "bounds"} & set(options.rows) and not options.sweep:
         return
     # The command line's batch size, so the figures are what `cnnlab cuda` gets; a batch here is all the images.
@@ -164,12 +165,13 @@ def bench_cuda(cnn: Cnn, options: BenchOptions, rng: np.random.Generator, report
         if "pinned" in options.rows:
             rate = median_rate(options.images, lambda: context.compute(batch), options.repeats)
             name = "cuda, batched from page-locked memory, copies included"
-            report.figures.append(Figure("pinned", name, rate, "h2d", bytes_per_image=host_bytes, **model))
+            report.figures.append(Figure("pinned", name, rate, "h2d", bytes_per_image=host_bytes, flops_per_image=FLOPS_PER_IMAGE))
         if "resident" in options.rows:
             rate = median_rate(options.images, lambda: context.compute_resident(resident), options.repeats)
             bytes_per_image = ladder.BY_NAME[config.kernel].device_bytes
             report.figures.append(
-                Figure("resident", "cuda, images resident on the device", rate, D2D_BOUND, bytes_per_image=bytes_per_image, **model)
+                Figure("resident", "cuda, images resident on the device", rate, D2D_BOUND, bytes_per_image=bytes_per_image,
+                       flops_per_image=FLOPS_PER_IMAGE)
             )
         if "bounds" in options.rows:
             host_to_device = host_copy_rate(context, host, options.repeats)

@@ -11,7 +11,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -47,6 +47,13 @@ class Figure:
     @property
     def flops_per_second(self) -> float | None:
         return None if self.flops_per_image is None else self.images_per_second * self.flops_per_image
+
+
+class Traffic(TypedDict, total=False):
+    """The traffic model that several figures share, passed to each Figure as its fields of the same names."""
+
+    bytes_per_image: float
+    flops_per_image: float
 
 
 @dataclass(frozen=True)
@@ -175,9 +182,10 @@ def format_table(report: BenchReport) -> str:
     if report.startup:
         floor = report.startup[0].seconds if report.startup[0].name.startswith("floor") else None
         lines += ["", f"{'start-up':<66} {'seconds':>10} {'(fastest..slowest)':>20} {'over the floor':>15}"]
-        for row in report.startup:
-            over = "-" if floor is None or row.name.startswith("floor") else f"{row.seconds - floor:+.3f} s"
-            lines.append(f"{row.name[:66]:<66} {row.seconds:>10.3f} {f'({row.spread[0]:.3f}..{row.spread[1]:.3f})':>20} {over:>15}")
+        for startup in report.startup:
+            over = "-" if floor is None or startup.name.startswith("floor") else f"{startup.seconds - floor:+.3f} s"
+            spread = f"({startup.spread[0]:.3f}..{startup.spread[1]:.3f})"
+            lines.append(f"{startup.name[:66]:<66} {startup.seconds:>10.3f} {spread:>20} {over:>15}")
     if any(row["row"] in LADDER_ROWS for row in rows):
         lines += ["", format_ladder(report)]
     lines += [f"note: {note}" for note in report.notes]

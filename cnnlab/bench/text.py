@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from cnnlab.bench.report import BenchOptions, Figure, median_rate
+from cnnlab.bench.report import BenchOptions, Figure, Traffic, median_rate
 from cnnlab.files.labcsv import CsvImageReader
 from cnnlab.network import INPUT_DIM, Cnn, default_threads
 
@@ -38,7 +38,7 @@ def bench_reader(options: BenchOptions, seed: int | None) -> list[Figure]:
             for run in (lambda: np.loadtxt(path, delimiter=",", skiprows=1), partial(read, 1), partial(read, threads))
         )
         peer = _polars_rate(path, options.reader_images, repeats)
-    text = {"bytes_per_image": image_bytes}
+    text: Traffic = {"bytes_per_image": image_bytes}
     figures = [
         Figure("reader", "reference: numpy.loadtxt (one thread)", loadtxt, key="loadtxt", **text),
         Figure("reader", "cnnlab CSV reader, one parse thread", one, "loadtxt", **text),
@@ -78,7 +78,7 @@ def bench_csv(cnn: Cnn, options: BenchOptions, seed: int | None) -> list[Figure]
     repeats = min(options.repeats, 3)
     with tempfile.TemporaryDirectory() as folder:
         _, path = generate(folder, options.csv_images, seed)
-        text = {"bytes_per_image": path.stat().st_size / options.csv_images}
+        text: Traffic = {"bytes_per_image": path.stat().st_size / options.csv_images}
         figures = []
         for parse_csv, where in ((True, "on the GPU"), (False, f"on the host ({threads} threads)")):
             with CudaContext(cnn, parse_csv=parse_csv) as context:

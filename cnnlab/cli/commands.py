@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 from cnnlab import interrupts
 from cnnlab.errors import STANDARD_STREAM, DeviceError, OutputFileError, UsageError, named, shown
@@ -17,6 +17,9 @@ from cnnlab.files.labcsv import read_cnn
 from cnnlab.files.safety import AtomicOutput, OutputSet, output_target, refuse_same_file, writing
 from cnnlab.resources import resource_dir
 from cnnlab.run import RunStats, make_backend, run_network
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
 
 DEFAULT_OUTPUTS = {"cpu": Path("out/out.csv"), "cuda": Path("out/out_cuda.csv")}
 
@@ -162,7 +165,7 @@ def bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def say(text: str, stream: TextIO | None = None) -> None:
+def say(text: str, stream: SupportsWrite[str] | None = None) -> None:
     """Print a result line (to standard output unless told otherwise)."""
     stream = stream or sys.stdout
     if stream is None:  # the process was started with standard output closed (`>&-`)

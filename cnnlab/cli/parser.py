@@ -5,12 +5,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from functools import partial
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from cnnlab import __version__
 from cnnlab.cli import commands
 from cnnlab.errors import UsageError
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
 
 
 class _Formatter(argparse.HelpFormatter):
@@ -28,7 +32,7 @@ def terminal_columns() -> int:
         columns = int(os.environ.get("COLUMNS", ""))
     except ValueError:
         columns = 0
-    if columns <= 0:
+    if columns <= 0 and sys.__stdout__ is not None:
         try:
             columns = os.get_terminal_size(sys.__stdout__.fileno()).columns
         except (AttributeError, ValueError, OSError):
@@ -43,10 +47,10 @@ class _Parser(argparse.ArgumentParser):
         options.setdefault("formatter_class", _Formatter)
         super().__init__(**options)
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see {self.prog} --help)")
 
-    def _print_message(self, message: str, file: TextIO | None = None) -> None:
+    def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
         """--help's text, with standard output's faults reported (argparse's own printer drops them)."""
         if message:
             commands.say(message.rstrip("\n"), file or sys.stdout)
@@ -111,7 +115,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = _Parser(prog="cnnlab", description="The ECE 459 Lab 3 CNN: a batched float64 forward on the CPU or a GPU.")
     parser.add_argument("--version", action="version", version=f"cnnlab {__version__}")
     subcommands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    builders = {
+    builders: dict[str, Callable[[Any], None]] = {
         "cpu": partial(_add_run, mode="cpu"),
         "cuda": partial(_add_run, mode="cuda"),
         "generate": _add_generate,

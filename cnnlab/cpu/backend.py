@@ -11,10 +11,12 @@ from __future__ import annotations
 import os
 import platform
 import sys
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from cnnlab.errors import UsageError
+from cnnlab.files.text import HostMemory
 from cnnlab.network import (
     IMAGE_BYTES,
     INPUT_DIM,
@@ -27,6 +29,12 @@ from cnnlab.network import (
     own_pages,
 )
 
+if TYPE_CHECKING:
+    from cnnlab.cpu import _forward
+    from cnnlab.cpu.numpy_forward import NumpyForward
+    from cnnlab.files.labcsv import CsvBatch
+
+Forward: type[_forward.Forward] | None
 try:
     from cnnlab.cpu._forward import CPU_ISAS, ISAS, Forward
 except ImportError:  # no C++ compiler at install time: numpy, and a note saying why it is slow
@@ -52,20 +60,21 @@ def kernel_isa() -> str | None:
     return isa
 
 
-class CpuBackend:
+class CpuBackend(HostMemory):
     """The network on `threads` threads (default: every core this process may run on), a batch per compute() call.
 
     A run's batch is the reader's step where none is asked for: the forward takes ~20 us a call, so a batch need
     only keep the reader efficient (a CSV step of every thread's runs) and may stay in cache (a .npy step)."""
 
     name = "cpu"
-    csv_text = None  # CSV is parsed by the reader, into allocate_images' buffers
+    csv_text = None  # CSV is parsed by the reader, into allocate_images' buffers (its text in HostMemory's windows)
     reads_in_place = True  # a .npy file's images are read where the file is mapped: no copy at all
 
     def __init__(self, cnn: Cnn, batch_size: int | None = None, threads: int | None = None) -> None:
         self.batch_size = batch_size
         self.threads = threads or default_threads()
         isa = kernel_isa()
+        self._forward: _forward.Forward | NumpyForward
         if Forward is not None:
             self._forward = Forward(cnn.filters, cnn.weights, self.threads, isa)
         else:
@@ -80,8 +89,9 @@ class CpuBackend:
         """A buffer on pages of its own, huge where the kernel gives them: the reader fills it with few faults."""
         return own_pages(count * IMAGE_BYTES, "an image buffer").view(np.float64).reshape(count, INPUT_DIM, INPUT_DIM)
 
-    def compute(self, batch: ImageBatch, check_finite: bool = False) -> OutputBatch:
+    def compute(self, batch: ImageBatch | CsvBatch, check_finite: bool = False) -> OutputBatch:
         """The batch's outputs; `check_finite`: an ArrayError where an image holds a NaN or an infinity."""
+        assert isinstance(batch, ImageBatch)  # CSV text comes only to a backend with csv_text set
         outputs = np.empty((len(batch), OUT_LAYER_SIZE))
         if self._forward.compute(batch.images, outputs, check_finite) >= 0:
             raise nonfinite_error("images")

@@ -1,7 +1,7 @@
 """The CUDA backend (the lab's cuda.rs) and its build step (the lab's build.rs).
 
 context.py     CudaContext: owns the driver context, the modules, the weights, the lanes and the memory
-driver.py      the driver started early, imported through PyCUDA, its errors as one-line DeviceErrors
+driver.py      the driver started early, imported through PyCUDA (typed here: Driver), its errors as one-line DeviceErrors
 memory.py      Allocator: device and page-locked host memory
 lanes.py       Lanes: a call's chunks dealt over streams; where a chunk's images come from and its outputs go
 kernels.py     kernel/kernel.cu's sizes, defined once, and one launcher per kernel

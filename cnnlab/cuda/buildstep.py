@@ -30,7 +30,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return f"built {fatbin} ({', '.join(archs)} and {nvcc.DEFAULT_ARCH} PTX)"
         return f"{fatbin} is up to date"
 
-    jobs = [(nvcc.kernel_source(name), nvcc.kernel_source(name).with_suffix(".fatbin"), {}, ()) for name in nvcc.SOURCES]
+    jobs: list[tuple[Path, Path, Mapping[str, int], Sequence[Path]]] = [
+        (nvcc.kernel_source(name), nvcc.kernel_source(name).with_suffix(".fatbin"), {}, ()) for name in nvcc.SOURCES
+    ]
     if not args.no_ladder:
         for variant in every_build():
             source = nvcc.kernel_source(variant.source)

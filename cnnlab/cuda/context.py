@@ -21,20 +21,31 @@ import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from cnnlab.arrays import DeviceArray, check_device_images, check_device_outputs, device_array, host_images
-from cnnlab.cuda.driver import context_lost, device_errors, import_driver, pointer_device, synchronize_stream
+from cnnlab.cuda.driver import (
+    DeviceAllocation,
+    DriverContext,
+    context_lost,
+    device_errors,
+    import_driver,
+    pointer_device,
+    synchronize_stream,
+)
 from cnnlab.cuda.kernels import FindNonFinite, SumSegments
 from cnnlab.cuda.ladder import LaunchConfig, launcher
 from cnnlab.cuda.lanes import ChunkSource, CsvText, DeviceOutputs, HostImages, Lanes, ResidentImages
 from cnnlab.cuda.launchers import KERNEL_BUILD, DeviceSetup, Launcher
 from cnnlab.cuda.memory import Allocator, HostCopier, is_page_locked
 from cnnlab.cuda.nvcc import ensure_modules
-from cnnlab.errors import ArrayError, DeviceError
+from cnnlab.errors import ArrayError, DeviceError, UsageError
 from cnnlab.network import INPUT_DIM, OUT_LAYER_SIZE, Cnn, ImageBatch, OutputBatch, TextBatching, default_threads, require_finite
+
+if TYPE_CHECKING:
+    from cnnlab.files.labcsv import CsvBatch
 
 # Images per compute() call from the command line: the run's two page-locked buffers stay at ~330 MB.
 DEFAULT_BATCH_IMAGES = 2048
@@ -44,6 +55,7 @@ DEFAULT_BATCH_IMAGES = 2048
 # tools/profile_cuda_csv.py): 256 a batch loop 0.16-0.19 s, 512 0.27-0.31 s, where making the larger
 # windows page-locked cost more than the fewer hand-offs saved.
 DEFAULT_TEXT_BATCH_IMAGES = 256
+CLOSED = "this CudaContext is closed"  # what a call after close() raises (UsageError)
 
 
 def _numbered(count: int) -> str:
@@ -54,7 +66,7 @@ def _numbered(count: int) -> str:
 class DeviceImages:
     """Images in device memory (the benchmark's resident figure); context.free(images) gives them back."""
 
-    allocation: Any
+    allocation: DeviceAllocation
     count: int
 
 
@@ -84,8 +96,8 @@ class CudaContext:
         self.driver = driver = import_driver()
         self.memory = Allocator(driver)
         modules = ensure_modules()
-        self._context = None
-        self._lanes: Lanes | None = None
+        self._context: DriverContext | None = None
+        self._lanes: Lanes | None = None  # made last: None until then, and once closed
         with device_errors("cannot start CUDA"):
             driver.init()
             count = driver.Device.count()
@@ -94,12 +106,12 @@ class CudaContext:
             if not 0 <= device < count:
                 raise DeviceError(f"there is no GPU {device}: this machine has {count} ({_numbered(count)})")
             self.device_index = device
-            device = driver.Device(device)
+            gpu = driver.Device(device)
             # The primary context, as the CUDA runtime uses: other libraries in the process share it.
-            self._context = device.retain_primary_context()
+            self._context = gpu.retain_primary_context()
             self._context.push()
         try:
-            self.device = device.name()
+            self.device = gpu.name()
             with device_errors(f"cannot load {modules.cnn}"):
                 self._module = driver.module_from_file(str(modules.cnn))
                 self._csv_module = driver.module_from_file(str(modules.csv))
@@ -107,7 +119,7 @@ class CudaContext:
                 self._weights = self.memory.device(cnn.weights.nbytes)
                 driver.memcpy_htod(self._weights, cnn.weights)
             with device_errors(f"cannot load kernel {self.config.kernel}"):
-                self.setup = DeviceSetup(driver, device, self.memory, cnn, self._weights)
+                self.setup = DeviceSetup(driver, gpu, self.memory, cnn, self._weights)
                 self.setup.add_module(KERNEL_BUILD, self._module)
                 self._launcher: Launcher = launcher(self.config.kernel, self.setup, self.config)
                 self._sum_segments = SumSegments(self._module, self.setup.sm_count, self._launcher.segments)
@@ -126,12 +138,18 @@ class CudaContext:
         """How CSV text comes to the device: a batch dealt over the lanes; None where the host's reader parses CSV."""
         if not self._parse_csv:
             return None
-        return TextBatching(self._text_batch, min(self.chunk_images, math.ceil(self._text_batch / len(self._lanes))))
+        return TextBatching(self._text_batch, min(self.chunk_images, math.ceil(self._text_batch / len(self._open_lanes))))
 
     @property
     def chunk_images(self) -> int:
         """Images per chunk: the configured size, or less where device memory did not hold it."""
-        return self._lanes.chunk
+        return self._open_lanes.chunk
+
+    @property
+    def _open_lanes(self) -> Lanes:
+        if self._lanes is None:
+            raise UsageError(CLOSED)
+        return self._lanes
 
     def allocate_images(self, count: int) -> np.ndarray:
         """A page-locked host buffer: chunks copy from it straight to the device, with no staging."""
@@ -148,18 +166,19 @@ class CudaContext:
     def free(self, images: DeviceImages) -> None:
         self.memory.free(images.allocation)
 
-    def compute(self, batch: ImageBatch | Any, check_finite: bool = False) -> OutputBatch:
+    def compute(self, batch: ImageBatch | CsvBatch, check_finite: bool = False) -> OutputBatch:
         """Outputs for a host batch of images, or of CSV text (labcsv.CsvBatch) parsed here on the device (its values
         are finite: the parser refuses the rest). `check_finite`: an ArrayError where an image holds a NaN or an infinity."""
         if isinstance(batch, ImageBatch):
             source = HostImages(batch.images, self.chunk_images, is_page_locked(batch.images), self._copier)
-            return self._lanes.run(len(batch), source, check_finite=check_finite)
-        chunk = self.csv_text.chunk_images
-        return self._lanes.run(len(batch), CsvText(batch, chunk, self._csv_module), chunk)
+            return self._open_lanes.run(len(batch), source, check_finite=check_finite)
+        text = self.csv_text
+        assert text is not None  # CSV text comes only where csv_text said it may
+        return self._open_lanes.run(len(batch), CsvText(batch, text.chunk_images, self._csv_module), text.chunk_images)
 
     def compute_resident(self, images: DeviceImages) -> OutputBatch:
         """Outputs for images already on the device: the kernels, the partials' copy and the reduction."""
-        return self._lanes.run(images.count, ResidentImages(int(images.allocation), self.chunk_images))
+        return self._open_lanes.run(images.count, ResidentImages(int(images.allocation), self.chunk_images))
 
     def forward(self, images: Any, out: Any = None) -> Any:
         """The network's outputs for `images`, as cnnlab.forward gives them, with this context's kernels and buffers.
@@ -177,9 +196,12 @@ class CudaContext:
         host: np.ndarray | None = None
         if source_array is not None:
             count, single = check_device_images(source_array)
+            source: ChunkSource = ResidentImages(source_array.address, self.chunk_images)
         else:
             host, single = host_images(images)
             count = len(host)
+            page_locked = host.dtype == np.float64 and host.flags.c_contiguous and is_page_locked(host)
+            source = HostImages(host, self.chunk_images, page_locked, self._copier)
         target = None if out is None else device_array(out)
         if out is not None:
             if target is None:
@@ -193,17 +215,12 @@ class CudaContext:
                     self._check_device_memory(array, what)
                     if array.stream is not None:
                         synchronize_stream(array.stream)
-        if host is not None:
-            page_locked = host.dtype == np.float64 and host.flags.c_contiguous and is_page_locked(host)
-            source: ChunkSource = HostImages(host, self.chunk_images, page_locked, self._copier)
-        else:
-            source = ResidentImages(source_array.address, self.chunk_images)
         try:
             if target is None:
-                values = self._lanes.run(count, source, check_finite=True).values
+                values = self._open_lanes.run(count, source, check_finite=True).values
                 return values[0] if single else values
             chunk = self.chunk_images
-            self._lanes.schedule(count, source, chunk, DeviceOutputs(self._sum_segments, target.address, chunk), True)
+            self._open_lanes.schedule(count, source, chunk, DeviceOutputs(self._sum_segments, target.address, chunk), True)
             return out
         except ArrayError:
             if host is not None:  # the host copy says where: worth a pass over it only now that it failed
@@ -245,11 +262,14 @@ class CudaContext:
     @contextmanager
     def _current(self) -> Iterator[None]:
         """The context made current in this thread for a while (the reader's thread has none of its own)."""
-        self._context.push()
+        context = self._context
+        if context is None:
+            raise UsageError(CLOSED)
+        context.push()
         try:
             yield
         finally:
-            self._context.pop()
+            context.pop()
 
     def close(self) -> None:
         """Free device memory, then page-locked memory, the module and streams, and the context last.
@@ -264,7 +284,11 @@ class CudaContext:
                 if self._lanes is not None:
                     self._lanes.free()
                 self.memory.free_all()
-                self._lanes = self._launcher = self.setup = self._sum_segments = self._module = self._csv_module = None
+                self._lanes = None
+                # What holds modules, kernels and streams: each goes with its last reference, which must be now, while the
+                # context is current (and only where __init__ got as far as making it).
+                for name in ("_launcher", "setup", "_sum_segments", "_module", "_csv_module"):
+                    vars(self).pop(name, None)
         finally:
             self._context.pop()
             self._context.detach()

@@ -77,7 +77,7 @@ def read_status(status: np.ndarray) -> BlockResult:
 
 def host_values(text: bytes | memoryview | np.ndarray, result: BlockResult) -> np.ndarray:
     """float() of each listed HOST field of the block `text` (the host's copy of the block)."""
-    data = memoryview(text).cast("B")
+    data = (text.data if isinstance(text, np.ndarray) else memoryview(text)).cast("B")
     fields = result.host_fields
     return np.array(
         [float(bytes(data[offset : offset + length])) for offset, length in zip(fields["offset"].tolist(), fields["length"].tolist())],

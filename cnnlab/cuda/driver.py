@@ -12,9 +12,94 @@ import ctypes
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 from cnnlab.errors import DeviceError, DeviceLostError, memory_limit_note
+
+
+# PyCUDA has no types of its own: the parts of pycuda.driver that cnnlab calls, as import_driver() gives them. Streams,
+# events, modules and their functions stay untyped (Any), as PyCUDA leaves them.
+class DriverContext(Protocol):
+    """A pycuda.driver.Context: a GPU's context, made current on the calling thread by push() and no longer by pop()."""
+
+    def push(self) -> None: ...
+
+    def pop(self) -> None: ...
+
+    def detach(self) -> None: ...
+
+
+class DriverDevice(Protocol):
+    """A pycuda.driver.Device: one GPU."""
+
+    def name(self) -> str: ...
+
+    def compute_capability(self) -> tuple[int, int]: ...
+
+    def get_attribute(self, attribute: Any) -> int: ...
+
+    def retain_primary_context(self) -> DriverContext: ...
+
+
+class DeviceAllocation(Protocol):
+    """A pycuda.driver.DeviceAllocation: device memory; int() is its address."""
+
+    def __int__(self) -> int: ...
+
+    def free(self) -> None: ...
+
+
+class DeviceClass(Protocol):
+    """pycuda.driver.Device, the class: a GPU by its index, and how many there are."""
+
+    def __call__(self, ordinal: int) -> DriverDevice: ...
+
+    def count(self) -> int: ...
+
+
+class ContextClass(Protocol):
+    """pycuda.driver.Context, the class: the calling thread's current context."""
+
+    def get_current(self) -> DriverContext | None: ...
+
+    def synchronize(self) -> None: ...
+
+
+class Driver(Protocol):
+    """The module pycuda.driver."""
+
+    Error: type[Exception]
+    Device: DeviceClass
+    Context: ContextClass
+    Stream: Any
+    Event: Any
+    event_flags: Any
+    device_attribute: Any
+    function_attribute: Any
+
+    def init(self, flags: int = 0) -> None: ...
+
+    def module_from_file(self, path: str) -> Any: ...
+
+    def mem_alloc(self, nbytes: int) -> DeviceAllocation: ...
+
+    def mem_get_address_range(self, address: int) -> tuple[int, int]: ...
+
+    def memset_d32(self, target: Any, value: int, count: int) -> None: ...
+
+    def memcpy_htod(self, target: Any, source: Any) -> None: ...
+
+    def memcpy_dtoh(self, target: Any, source: Any) -> None: ...
+
+    def memcpy_htod_async(self, target: Any, source: Any, stream: Any = None) -> None: ...
+
+    def memcpy_dtoh_async(self, target: Any, source: Any, stream: Any = None) -> None: ...
+
+    def memcpy_dtod_async(self, target: Any, source: Any, nbytes: int, stream: Any = None) -> None: ...
+
+    def memset_d8_async(self, target: Any, value: int, count: int, stream: Any = None) -> None: ...
+
+    def pagelocked_empty(self, shape: int | tuple[int, ...], dtype: Any) -> Any: ...
 
 
 def _start(indices: list[int] | None) -> None:
@@ -52,7 +137,7 @@ def pointer_device(address: int) -> int | None:
     return ordinal.value if result == 0 else None
 
 
-def import_driver() -> Any:
+def import_driver() -> Driver:
     """pycuda.driver, or a one-line DeviceError saying what is missing."""
     try:
         import pycuda.driver as driver
@@ -64,7 +149,7 @@ def import_driver() -> Any:
     except ImportError as error:  # pycuda is there but the driver library is not, or cannot be mapped (ulimit -v)
         note = memory_limit_note() if "failed to map" in str(error) else ""
         raise DeviceError(f"no CUDA driver: {error}{note}") from None
-    return driver
+    return driver  # the module, untyped to the checker: Driver says what of it cnnlab uses
 
 
 @contextmanager
@@ -80,7 +165,7 @@ def device_errors(what: str) -> Iterator[None]:
         raise (DeviceLostError if context_lost(driver) else DeviceError)(f"{what}: {detail}") from None
 
 
-def context_lost(driver: Any) -> bool:
+def context_lost(driver: Driver) -> bool:
     """Whether the current context has hit an error it cannot recover from (every later call fails)."""
     if driver.Context.get_current() is None:
         return False

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from cnnlab.cuda.csv_parser import STATUS_DTYPE, CsvParser, host_values, read_status, scratch_bytes
-from cnnlab.cuda.driver import device_errors
+from cnnlab.cuda.driver import Driver, device_errors
 from cnnlab.cuda.kernels import FindNonFinite, SumSegments
 from cnnlab.cuda.launchers import Launcher, activation_images
 from cnnlab.cuda.memory import Allocator, HostCopier
@@ -38,7 +38,7 @@ def lane_bytes(chunk: int, launcher: Launcher) -> int:
 class Lane:
     """A stream and the device buffers of one chunk: its images in, the rung's kernels, its partials out."""
 
-    def __init__(self, driver: Any, memory: Allocator, chunk: int, launcher: Launcher) -> None:
+    def __init__(self, driver: Driver, memory: Allocator, chunk: int, launcher: Launcher) -> None:
         self.stream = driver.Stream()
         self.driver, self.memory, self.chunk = driver, memory, chunk
         self.images = memory.device(chunk * IMAGE_BYTES)
@@ -219,7 +219,7 @@ class Lanes:
     """A context's lanes and the schedule over them: each call's chunks through the lanes, round-robin."""
 
     def __init__(
-        self, driver: Any, memory: Allocator, launcher: Launcher, streams: int, chunk: int, cap: int | None,
+        self, driver: Driver, memory: Allocator, launcher: Launcher, streams: int, chunk: int, cap: int | None,
         nonfinite: Any, find_nonfinite: FindNonFinite,
     ) -> None:
         """`streams` lanes of `chunk` images, the chunk halved until their device buffers fit (or fit under `cap` bytes);

@@ -20,6 +20,7 @@ from cnnlab.errors import DeviceError
 from cnnlab.network import CONV_OUT_DIM, FILTER_DIM, IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM, Cnn
 
 if TYPE_CHECKING:
+    from cnnlab.cuda.driver import DeviceAllocation, Driver, DriverDevice
     from cnnlab.cuda.memory import Allocator
 
 # The rungs' own sizes, passed to nvcc by the build step (each source #errors without them).
@@ -96,7 +97,12 @@ class Launcher(Protocol):
 
     segments: int
     needs_conv_out: bool  # whether the lane must hold 4,000 activations an image, between the rung's two kernels
-    pass_images: int | None  # the images whose activations it holds at once, a pass of the chunk at a time; None: all
+
+    @property
+    def pass_images(self) -> int | None:
+        """The images whose activations it holds at once, a pass of the chunk at a time; None: all."""
+        ...
+
     checks_finite: bool  # whether it sets the setup's nonfinite flag where an image value is a NaN or an infinity
 
     def __call__(self, stream: Any, images: int, conv_out: Any, partials: Any, count: int, stride: int) -> None: ...
@@ -114,7 +120,7 @@ class DeviceSetup:
     rungs' modules, each built (where stale) and loaded on first need, with the filters copied into
     its constant memory where it has them."""
 
-    def __init__(self, driver: Any, device: Any, memory: Allocator, cnn: Cnn, weights: Any) -> None:
+    def __init__(self, driver: Driver, device: DriverDevice, memory: Allocator, cnn: Cnn, weights: DeviceAllocation) -> None:
         attribute = driver.device_attribute
         self.driver, self.memory, self.cnn, self.weights = driver, memory, cnn, weights
         self.sm_count = device.get_attribute(attribute.MULTIPROCESSOR_COUNT)
@@ -195,6 +201,7 @@ class BatchedGlobal:
 
     def __init__(self, setup: DeviceSetup, constant_filters: bool) -> None:
         build = CONSTANT_BUILD if constant_filters else GLOBAL_BUILD
+        self._filters: tuple[Any, ...]  # the filters' device memory, where the kernel reads them there
         if constant_filters:
             self._conv, self._filters = setup.function(build, "conv_constant", "PPi"), ()
         else:

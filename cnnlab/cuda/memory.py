@@ -11,12 +11,15 @@ import ctypes
 import math
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from cnnlab.errors import byte_size
 from cnnlab.network import own_pages
+
+if TYPE_CHECKING:
+    from cnnlab.cuda.driver import DeviceAllocation, Driver
 
 # Page-locked buffers are registered portable: every context of the process (a GPU each, with several GPUs) copies
 # from them directly. Which ranges are page-locked is the process's to know, not one allocator's.
@@ -38,13 +41,13 @@ class Allocator:
     The reader's thread allocates page-locked text windows while the main thread frees: a lock keeps the lists whole.
     """
 
-    def __init__(self, driver: Any) -> None:
+    def __init__(self, driver: Driver) -> None:
         self._driver = driver
         self._lock = threading.Lock()
-        self._device: list[Any] = []
+        self._device: list[DeviceAllocation] = []
         self._host: list[np.ndarray] = []
 
-    def device(self, nbytes: int) -> Any:
+    def device(self, nbytes: int) -> DeviceAllocation:
         try:
             allocation = self._driver.mem_alloc(nbytes)
         except self._driver.Error as error:  # the driver's words, and how much was asked
@@ -74,7 +77,7 @@ class Allocator:
             self._host.append(buffer)
         return buffer
 
-    def free(self, allocation: Any) -> None:
+    def free(self, allocation: DeviceAllocation | np.ndarray) -> None:
         """Give back a device allocation or a page-locked buffer made here."""
         with self._lock:
             if isinstance(allocation, np.ndarray):
@@ -99,7 +102,8 @@ class Allocator:
             raise self._driver.Error(f"{name} failed: {(text.value or b'error %d' % result).decode()}")
 
     def free_all(self) -> None:
-        for allocation in [*self._device, *self._host]:
+        allocations: list[DeviceAllocation | np.ndarray] = [*self._device, *self._host]
+        for allocation in allocations:
             self.free(allocation)
 
 

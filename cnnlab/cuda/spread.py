@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from operator import methodcaller
 from typing import Any
 
 import numpy as np
 
 from cnnlab.files.labcsv import CsvBatch
-from cnnlab.network import Backend, BackendOwner, ImageBatch, OutputBatch, TextBatching
+from cnnlab.network import Backend, ImageBatch, OutputBatch, TextBatching
+from cnnlab.owner import BackendOwner
 
 
 class Spread:
@@ -61,7 +63,7 @@ class Spread:
             assert self.csv_text is not None
             shares = batch.split(len(self._owners), self.csv_text.chunk_images)
         running = [
-            owner.submit(lambda backend, share=share: backend.compute(share, check_finite)) for owner, share in zip(self._owners, shares)
+            owner.submit(methodcaller("compute", share, check_finite)) for owner, share in zip(self._owners, shares)
         ]
         outputs, failure = [], None
         for future in running:  # every share finishes (or fails) before the first failure is raised

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -14,6 +14,9 @@ from cnnlab.files import labcsv, npy
 from cnnlab.files.safety import OutputSet
 from cnnlab.files.text import TextMemory
 from cnnlab.network import OutputBatch
+
+if TYPE_CHECKING:
+    from typing import Self
 
 
 class ImageReader(Protocol):
@@ -52,9 +55,9 @@ class OutputWriter(Protocol):
 
     def write(self, outputs: OutputBatch) -> None: ...
 
-    def __enter__(self) -> OutputWriter: ...
+    def __enter__(self) -> Self: ...
 
-    def __exit__(self, *exc_info: object) -> None: ...
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None: ...
 
 
 def is_npy(path: str | os.PathLike) -> bool:

@@ -221,7 +221,7 @@ class CsvImageReader:
         """The span's lines into `out`: natively, the runs the read found (a piece of the file each, ~1 MB) claimed by
         the reader's threads as they go, else pieces of PARSE_IMAGES images a task; the first piece that holds a bad
         line (in file order) named by that line."""
-        if self._parsers is not None:
+        if native is not None and self._parsers is not None:
             runs = span.runs or _runs(span.pieces(PARSE_IMAGES * INPUT_DIM))
             place = self._place(span)
             bad = native.parse_pieces(self._parsers, span.data, np.array(runs, np.int64), INPUT_DIM, out[: span.rows * INPUT_DIM],
@@ -386,8 +386,8 @@ class CsvOutputWriter:
     def write(self, outputs: OutputBatch) -> None:
         self._file.write(format_rows(outputs.values))
 
-    def __exit__(self, *exc_info: object) -> None:
-        self._output.__exit__(*exc_info)
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        self._output.__exit__(exc_type, *rest)
 
 
 def write_images(out: Any, count: int, images: Iterable[np.ndarray]) -> None:

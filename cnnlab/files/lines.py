@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from types import ModuleType
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -16,6 +17,7 @@ import numpy as np
 if TYPE_CHECKING:  # concurrent.futures (with logging) is imported by the readers that make pools: not at every start
     from concurrent.futures import Executor
 
+native: ModuleType | None  # cnnlab.files._lab_csv (typed in _lab_csv.pyi), None where no compiler built it
 try:
     from cnnlab.files import _lab_csv as native
 except ImportError:  # no C++ compiler at install time: the twins below, and a note saying why it is slow
@@ -205,8 +207,8 @@ def cut_summarized(data: np.ndarray, prefixes: list[Lines], rows: int, every: in
         assert found == plan[1], "the summaries and the walk disagree"
         return end, plan[2] + lines
 
-    marks = list(pool.map(walk, walks)) if pool is not None and len(walks) > POOLED_WALKS else [walk(plan) for plan in walks]
-    marks = [(end, target, lines) for (end, lines), target in zip(marks, targets)]
+    walked = list(pool.map(walk, walks)) if pool is not None and len(walks) > POOLED_WALKS else [walk(plan) for plan in walks]
+    marks = [(end, target, lines) for (end, lines), target in zip(walked, targets)]
     if available < rows:  # the rows ran out: the last piece ends at the end, blank lines included
         marks.append((total.end, available, total.newlines))
     pieces, previous = [], (total.start, 0, 0)

@@ -18,7 +18,7 @@ import os
 import stat
 import struct
 import threading
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,6 +27,10 @@ from cnnlab.files.safety import AtomicOutput, OutputSet, open_for_reading, readi
 from cnnlab.files.text import READ_BYTES, read_at, wait_readable
 from cnnlab.network import IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OutputBatch, default_threads, unsized_capacity
 
+if TYPE_CHECKING:
+    from cnnlab.files import _mapped_guard
+
+MappedFile: type[_mapped_guard.MappedFile] | None
 try:
     from cnnlab.files._mapped_guard import MappedFile
 except ImportError:  # no C++ compiler at install time: .npy inputs are read (copied), never mapped
@@ -155,7 +159,7 @@ class NpyImageReader:
         count = min(len(out), self.count - self.images_read)
         if count <= 0:
             return 0
-        room = memoryview(out[:count]).cast("B")
+        room = out[:count].data.cast("B")
         with reading(self.path):
             got = self._read(room)
         if got < len(room):

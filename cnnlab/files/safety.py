@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import errno
+import io
 import os
 import re
 import stat
@@ -23,7 +24,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, BinaryIO
+from typing import IO, Any
 
 from cnnlab.errors import STANDARD_STREAM, InputFileError, OutputFileError, named, shown
 from cnnlab.interrupts import held
@@ -35,7 +36,7 @@ _TEMPORARY_SUFFIX = ".tmp"
 _RANDOM_CHARACTERS = 12  # what _create_temporary puts between the prefix and the suffix
 
 
-def open_for_reading(path: str | os.PathLike) -> BinaryIO:
+def open_for_reading(path: str | os.PathLike) -> io.BufferedReader:
     """Open `path` (`-`: standard input) in binary mode, turning the OS's refusal into an InputFileError."""
     try:
         if os.fspath(path) == STANDARD_STREAM:

@@ -178,6 +178,7 @@ class TextSource:
         else:
             with reading(self.path):
                 count, parts = ahead.result()
+            assert self._offset is not None  # a read ahead is of a regular file
             self._offset += count
             if left > AHEAD_GAP:  # more left than the gap holds (a last, smaller span): the bytes read ahead move up
                 read = self._windows[following][AHEAD_GAP : AHEAD_GAP + count].copy()
@@ -200,7 +201,7 @@ class TextSource:
         the pool (the next window's span is two takes old, no longer in use)."""
         if len(self._windows) < 3 or self._at_end or not self.row_bytes:  # three windows: a regular file, with a pool
             return
-        assert self._pool is not None
+        assert self._pool is not None and self._offset is not None
         following = (self._current + 1) % len(self._windows)
         # Less what this take should leave over, which is carried: a read ahead of whole takes would pile it up.
         left = max(0, int(self._filled - self._start - rows * self.row_bytes))
@@ -254,7 +255,7 @@ class TextSource:
         with reading(self.path):
             if self._offset is None or self._pool is None:  # what the file has now (a pipe may hold less than asked)
                 wait_readable(fd, self._stop)
-                count = os.readv(fd, [memoryview(window)[at : at + wanted]])
+                count = os.readv(fd, [window.data[at : at + wanted]])
                 return count, [summarize(window, at, at + count)] if count else []
             count, parts = self._read_summarized(window, at, wanted, self._offset)
         self._offset += count
@@ -270,7 +271,7 @@ class TextSource:
             count, parts = native.read_summarized(fd, window, at, wanted, offset, threads)
             return count, [Lines(*part) for part in parts]
         assert self._pool is not None
-        count = read_at(fd, memoryview(window)[at : at + wanted], offset, self._pool, threads)
+        count = read_at(fd, window.data[at : at + wanted], offset, self._pool, threads)
         return count, [summarize(window, at, at + count)] if count else []
 
     def close(self) -> None:
