@@ -21,7 +21,7 @@ from cnnlab.errors import ArrayError, ResourceError, byte_size, memory_limit_not
 if TYPE_CHECKING:
     from typing import Self
 
-    from cnnlab.files.labcsv import CsvBatch
+    from cnnlab.files.csv_reader import CsvBatch
 
 # One word per idea for sizes, everywhere in cnnlab:
 #   image    one 100x100 input matrix; its outputs are one row of OUT_LAYER_SIZE values.
@@ -249,7 +249,7 @@ class Backend(Protocol):
 
     @property
     def csv_text(self) -> TextBatching | None:
-        """Not None: compute() also takes CSV text (labcsv.CsvBatch), parsed on the backend's device."""
+        """Not None: compute() also takes CSV text (csv_reader.CsvBatch), parsed on the backend's device."""
         ...
 
     def allocate_images(self, count: int) -> np.ndarray:

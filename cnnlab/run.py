@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from cnnlab.errors import ArrayError, InputFileError
+from cnnlab.files.csv_reader import CsvBatch, CsvImageReader
 from cnnlab.files.formats import ImageReader, open_images, open_outputs
-from cnnlab.files.labcsv import CsvBatch, CsvImageReader
 from cnnlab.files.npy import VIEW_IMAGES, NpyImageReader
 from cnnlab.files.safety import OutputSet
 from cnnlab.interrupts import join_through_signals

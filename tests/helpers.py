@@ -19,7 +19,8 @@ import numpy as np
 
 from cnnlab.compare import lab_close
 from cnnlab.cpu.backend import CpuBackend
-from cnnlab.files.labcsv import CsvImageReader, write_input_file
+from cnnlab.files.csv_reader import CsvImageReader
+from cnnlab.files.labcsv import write_input_file
 from cnnlab.generate import random_values, write_cnn_file
 from cnnlab.network import Cnn, ImageBatch
 

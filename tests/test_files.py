@@ -15,8 +15,10 @@ import pytest
 from helpers import BAD_INPUTS, SUBPROCESS_ENV, cnnlab, input_lines, random_cnn, read_all_images, write_files
 
 from cnnlab.errors import InputFileError
+from cnnlab.files.csv_reader import CsvImageReader
 from cnnlab.files.formats import open_outputs, read_outputs
-from cnnlab.files.labcsv import AtomicOutput, CsvImageReader, read_cnn
+from cnnlab.files.labcsv import read_cnn
+from cnnlab.files.safety import AtomicOutput
 from cnnlab.generate import generate, random_values
 from cnnlab.network import OutputBatch
 
@@ -206,7 +208,7 @@ def test_a_take_ahead_waiting_on_a_pipe_holds_up_neither_close_nor_exit(tmp_path
     os.unlink(fifo)
     fifo, feeder = _stalled_fifo(tmp_path, one_image, 30)
     script = (
-        "import sys, numpy as np; from cnnlab.files.labcsv import CsvImageReader; "
+        "import sys, numpy as np; from cnnlab.files.csv_reader import CsvImageReader; "
         "reader = CsvImageReader(sys.argv[1], 1); print(reader.read_into(np.empty((1, 100, 100)), 1))"
     )
     result = subprocess.run([sys.executable, "-c", script, str(fifo)], env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=20)

@@ -12,7 +12,7 @@ from helpers import assert_one_line_error, cnnlab, random_cnn, read_all_images, 
 
 from cnnlab.cpu.backend import CpuBackend
 from cnnlab.errors import InputFileError
-from cnnlab.files import labcsv as csv_files
+from cnnlab.files import csv_reader as csv_files
 from cnnlab.files import npy, rows
 from cnnlab.files.convert import convert
 from cnnlab.files.formats import open_images, read_outputs

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from lab_layout import BASES, base_files, expected, mutate, mutations, starts_with_count
 
 from cnnlab.cli import main as cli
-from cnnlab.files import labcsv, lines, rows, text
+from cnnlab.files import csv_reader, lines, rows, text
 from cnnlab.files.npy import DTYPE
 
 PREVIOUS = b"previous outputs\n"
@@ -69,11 +69,11 @@ def check_every_host_parser(tmp_path: Path, capsys: pytest.CaptureFixture[str], 
     input_path.write_bytes(input_data)
     run = ["cpu", str(cnn_path), str(input_path), str(output), "--threads", str(threads)]
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(labcsv, "STEP_IMAGES", step)  # spans of `step` images a thread: many spans, runs and pieces
-        patch.setattr(labcsv, "PARSE_IMAGES", step)
+        patch.setattr(csv_reader, "STEP_IMAGES", step)  # spans of `step` images a thread: many spans, runs and pieces
+        patch.setattr(csv_reader, "PARSE_IMAGES", step)
         output.write_bytes(PREVIOUS)
         _check(*_run(run, capsys), output, want.outputs, _read_csv)
-        for module in (lines, text, labcsv, rows):
+        for module in (lines, text, csv_reader, rows):
             patch.setattr(module, "native", None)
         output.write_bytes(PREVIOUS)
         _check(*_run(run, capsys, note=True), output, want.outputs, _read_csv)

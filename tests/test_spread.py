@@ -20,7 +20,8 @@ from cnnlab.cli import main as cli
 from cnnlab.cpu.backend import CpuBackend
 from cnnlab.cuda.spread import Spread
 from cnnlab.errors import DeviceError
-from cnnlab.files.labcsv import CsvImageReader, read_output_rows
+from cnnlab.files.csv_reader import CsvImageReader
+from cnnlab.files.labcsv import read_output_rows
 from cnnlab.generate import random_values
 from cnnlab.network import Cnn, ImageBatch
 from cnnlab.owner import BackendOwner

@@ -8,7 +8,7 @@ in memory, one equal piece per thread: the parser alone), pieces (the same text 
 16-image pieces, parsed on a pool of that many threads: what the reader does after reading), and reader
 (CsvImageReader over the whole file: reading, cutting and parsing as a run does). Each is the median of
 --repeats; the last column is the reader's scaling against its one-thread rate (1.0: linear). Then, on the most
-threads, the reader again with other shares of its threads reading ahead (labcsv.READ_AHEAD_SHARE) and other
+threads, the reader again with other shares of its threads reading ahead (csv_reader.READ_AHEAD_SHARE) and other
 images a step per thread (its STEP_IMAGES), to choose them.
 """
 
@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cnnlab.bench.report import median_rate  # noqa: E402
 from cnnlab.cpu._forward import Forward  # noqa: E402
-from cnnlab.files import labcsv  # noqa: E402
-from cnnlab.files.labcsv import PARSE_IMAGES, STEP_IMAGES, CsvImageReader  # noqa: E402
+from cnnlab.files import csv_reader  # noqa: E402
+from cnnlab.files.csv_reader import PARSE_IMAGES, STEP_IMAGES, CsvImageReader  # noqa: E402
 from cnnlab.files.lines import native  # noqa: E402
 from cnnlab.network import INPUT_DIM  # noqa: E402
 
@@ -102,7 +102,7 @@ def main() -> int:
         )
     threads = max(args.threads)
     for share in args.ahead_share:
-        labcsv.READ_AHEAD_SHARE = share
+        csv_reader.READ_AHEAD_SHARE = share
         rate = median_rate(text, lambda: read_all(threads), args.repeats)  # noqa: B023
         print(f"reader on {threads} threads, a 1/{share} of them reading ahead: {rate / 1e9:.2f} GB/s")
     for per_thread in args.step:

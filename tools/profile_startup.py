@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PHASES = {
     "cnnlab.cuda.driver": ["_start"],
     "cnnlab.cli.main": ["main"],
-    "cnnlab.files.labcsv": ["read_cnn", "CsvImageReader.__init__", "CsvImageReader.reserve_text", "CsvImageReader.read_text",
+    "cnnlab.files.labcsv": ["read_cnn"],
+    "cnnlab.files.csv_reader": ["CsvImageReader.__init__", "CsvImageReader.reserve_text", "CsvImageReader.read_text",
                             "CsvImageReader.read_into", "CsvImageReader._parse", "CsvImageReader.finish",
                             "CsvImageReader.close"],
     "cnnlab.files.text": ["TextSource.take", "TextSource._turn", "TextSource._read_more", "TextSource._read_ahead",

@@ -29,7 +29,8 @@ from cnnlab.network import FLOPS_PER_IMAGE, IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SI
 
 if TYPE_CHECKING:
     from cnnlab.cuda.context import CudaContext, DeviceImages
-    from cnnlab.cuda.launchers import DeviceSetup, Launcher
+    from cnnlab.cuda.device_setup import DeviceSetup
+    from cnnlab.cuda.launchers import Launcher
 
 # FP64 lanes per multiprocessor, by compute capability: the data-centre chips; others run FP64 at 1/64 of FP32 or less.
 FP64_LANES_PER_SM = {(6, 0): 32, (7, 0): 32, (8, 0): 32, (9, 0): 64}

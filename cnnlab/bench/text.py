@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from cnnlab.bench.report import BenchOptions, Figure, Traffic, median_rate
-from cnnlab.files.labcsv import CsvImageReader
+from cnnlab.files.csv_reader import CsvImageReader
 from cnnlab.network import INPUT_DIM, Cnn, default_threads
 
 

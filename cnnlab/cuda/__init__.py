@@ -6,7 +6,8 @@ memory.py      Allocator: device and page-locked host memory
 lanes.py       Lanes: a call's chunks dealt over streams; where a chunk's images come from and its outputs go
 kernels.py     kernel/kernel.cu's sizes, defined once, and one launcher per kernel
 ladder.py      the optimization ladder: the rungs, what each teaches, how exact it is, the launch configuration
-launchers.py   each rung's sizes, builds and launcher, and what they need of the context (DeviceSetup)
+launchers.py   each rung's sizes, builds and launcher
+device_setup.py  what the launchers need of the context (DeviceSetup): the device's limits, modules loaded on need
 csv_parser.py  kernel/csv.cu's launchers: the lab's input CSV parsed on the GPU
 nvcc.py        one kernel source compiled by nvcc to PTX and a fatbin, where stale
 spread.py      several GPUs as one backend: each batch split in input order over them

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from cnnlab.arrays import DeviceArray, check_device_images, check_device_outputs, device_array, host_images
+from cnnlab.cuda.device_setup import DeviceSetup
 from cnnlab.cuda.driver import (
     DeviceAllocation,
     DriverContext,
@@ -38,14 +39,14 @@ from cnnlab.cuda.driver import (
 from cnnlab.cuda.kernels import FindNonFinite, SumSegments
 from cnnlab.cuda.ladder import LaunchConfig, launcher
 from cnnlab.cuda.lanes import ChunkSource, CsvText, DeviceOutputs, HostImages, Lanes, ResidentImages
-from cnnlab.cuda.launchers import KERNEL_BUILD, DeviceSetup, Launcher
+from cnnlab.cuda.launchers import KERNEL_BUILD, Launcher
 from cnnlab.cuda.memory import Allocator, HostCopier, is_page_locked
 from cnnlab.cuda.nvcc import ensure_modules
 from cnnlab.errors import ArrayError, DeviceError, UsageError
 from cnnlab.network import INPUT_DIM, OUT_LAYER_SIZE, Cnn, ImageBatch, OutputBatch, TextBatching, default_threads, require_finite
 
 if TYPE_CHECKING:
-    from cnnlab.files.labcsv import CsvBatch
+    from cnnlab.files.csv_reader import CsvBatch
 
 # Images per compute() call from the command line: the run's two page-locked buffers stay at ~330 MB.
 DEFAULT_BATCH_IMAGES = 2048
@@ -167,7 +168,7 @@ class CudaContext:
         self.memory.free(images.allocation)
 
     def compute(self, batch: ImageBatch | CsvBatch, check_finite: bool = False) -> OutputBatch:
-        """Outputs for a host batch of images, or of CSV text (labcsv.CsvBatch) parsed here on the device (its values
+        """Outputs for a host batch of images, or of CSV text (csv_reader.CsvBatch) parsed here on the device (its values
         are finite: the parser refuses the rest). `check_finite`: an ArrayError where an image holds a NaN or an infinity."""
         if isinstance(batch, ImageBatch):
             source = HostImages(batch.images, self.chunk_images, is_page_locked(batch.images), self._copier)

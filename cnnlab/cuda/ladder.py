@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from cnnlab.cuda.device_setup import DeviceSetup
 from cnnlab.cuda.kernels import CONV_BANDS_PER_BLOCK, DENSE_MAX_THREADS
 from cnnlab.cuda.launchers import (
     COARSE_BUILD,
@@ -37,7 +38,6 @@ from cnnlab.cuda.launchers import (
     TWO_KERNELS_BUILD,
     BatchedGlobal,
     ConvThenDense,
-    DeviceSetup,
     Im2colMma,
     Lab,
     Launcher,

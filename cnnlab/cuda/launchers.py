@@ -1,6 +1,6 @@
 """The optimization ladder's launchers: each rung's sizes, defined here once and passed to nvcc as -D flags,
 its builds, and one small launcher per rung, all behind one interface (Launcher), so that a lane runs
-any rung as it runs the default. `DeviceSetup` is what they need of the context.
+any rung as it runs the default. What they need of the context is a DeviceSetup (device_setup.py).
 
 cnnlab/cuda/ladder.py lists the rungs, with what each teaches and how exact it is; the kernels are
 in kernel/ladder/ (rung 6 is kernel/kernel.cu, the default design).
@@ -15,13 +15,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from cnnlab.cuda.kernels import BLOCKS_PER_SM, CONV_BANDS_PER_BLOCK, Conv2dRelu, FlattenedToDense
-from cnnlab.cuda.nvcc import Build, ensure_fatbin
-from cnnlab.errors import DeviceError
-from cnnlab.network import CONV_OUT_DIM, FILTER_DIM, IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM, Cnn
+from cnnlab.cuda.nvcc import Build
+from cnnlab.network import CONV_OUT_DIM, FILTER_DIM, IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM
 
 if TYPE_CHECKING:
-    from cnnlab.cuda.driver import DeviceAllocation, Driver, DriverDevice
-    from cnnlab.cuda.memory import Allocator
+    from cnnlab.cuda.device_setup import DeviceSetup
 
 # The rungs' own sizes, passed to nvcc by the build step (each source #errors without them).
 LAB_CONV_BLOCKS, LAB_THREADS, LAB_SEGMENTS = 32, 1024, 4  # rung 1: the report's 32 x 1024 conv launch
@@ -111,63 +109,6 @@ class Launcher(Protocol):
 def activation_images(launcher: Launcher, chunk: int) -> int:
     """The images whose activations a buffer must hold for `launcher` over chunks of `chunk` images (0: none)."""
     return min(chunk, launcher.pass_images or chunk) if launcher.needs_conv_out else 0
-
-
-
-
-class DeviceSetup:
-    """What a launcher needs of the context: the device's limits, the weights on the device, and the
-    rungs' modules, each built (where stale) and loaded on first need, with the filters copied into
-    its constant memory where it has them."""
-
-    def __init__(self, driver: Driver, device: DriverDevice, memory: Allocator, cnn: Cnn, weights: DeviceAllocation) -> None:
-        attribute = driver.device_attribute
-        self.driver, self.memory, self.cnn, self.weights = driver, memory, cnn, weights
-        self.sm_count = device.get_attribute(attribute.MULTIPROCESSOR_COUNT)
-        self.capability: tuple[int, int] = device.compute_capability()
-        self.shared_per_block = device.get_attribute(attribute.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
-        self.shared_per_sm = device.get_attribute(attribute.MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)
-        self._modules: dict[tuple[str, str], Any] = {}
-        self._global_filters: Any = None
-        self.nonfinite = memory.device(4)  # conv2d_relu's flag (rungs 4 to 7): an image value was a NaN or an infinity
-
-    def module(self, build: Build) -> Any:
-        key = (build.source, build.variant)
-        if key not in self._modules:
-            module = self.driver.module_from_file(str(ensure_fatbin(build)))
-            try:
-                symbol = module.get_global("filters")[0]
-            except self.driver.Error:  # no such symbol: this source reads its filters from global memory
-                symbol = None
-            if symbol is not None:
-                self.driver.memcpy_htod(symbol, self.cnn.filters)
-            self._modules[key] = module
-        return self._modules[key]
-
-    def add_module(self, build: Build, module: Any) -> None:
-        """A module the context loaded itself (kernel.cu's), with its filters already copied in."""
-        self._modules[(build.source, build.variant)] = module
-
-    def function(self, build: Build, name: str, signature: str, shared: int = 0) -> Any:
-        """A prepared kernel of `build`, allowed `shared` bytes of dynamic shared memory where it needs them."""
-        function = self.module(build).get_function(name)
-        function.prepare(signature)
-        if shared > self.shared_per_block:
-            raise DeviceError(f"{name} needs {shared} bytes of shared memory per block; this GPU allows {self.shared_per_block}")
-        if shared > 48 * 1024:  # beyond the default, a block gets more only when its kernel asks
-            function.set_attribute(self.driver.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, shared)
-        return function
-
-    def global_filters(self) -> Any:
-        """The filters in device memory, for the rungs that read them from there."""
-        if self._global_filters is None:
-            self._global_filters = self.memory.device(self.cnn.filters.nbytes)
-            self.driver.memcpy_htod(self._global_filters, self.cnn.filters)
-        return self._global_filters
-
-    def blocks_per_sm(self, threads: int, shared: int) -> int:
-        """Resident thread blocks per multiprocessor, as threads and shared memory allow (1 KB a block is the system's)."""
-        return max(1, min(2048 // threads, self.shared_per_sm // (shared + 1024) if shared else 2048 // threads))
 
 
 def _grid(count: int, limit: int) -> int:

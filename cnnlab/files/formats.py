@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from cnnlab.files import labcsv, npy
+from cnnlab.files import csv_reader, labcsv, npy
 from cnnlab.files.safety import OutputSet
 from cnnlab.files.text import TextMemory
 from cnnlab.network import OutputBatch
@@ -67,7 +67,7 @@ def is_npy(path: str | os.PathLike) -> bool:
 def open_images(path: str | os.PathLike, text_memory: TextMemory | None = None, threads: int | None = None) -> ImageReader:
     """The reader for an input file of either format, reading on `threads` threads (default: every core), CSV text into
     `text_memory`'s windows where given."""
-    return npy.NpyImageReader(path, threads) if is_npy(path) else labcsv.CsvImageReader(path, threads, text_memory)
+    return npy.NpyImageReader(path, threads) if is_npy(path) else csv_reader.CsvImageReader(path, threads, text_memory)
 
 
 def open_outputs(path: str | os.PathLike, count: int, together: OutputSet | None = None) -> OutputWriter:
@@ -83,5 +83,5 @@ def read_outputs(path: str | os.PathLike) -> list[list[float]]:
 def holds_images(path: str | os.PathLike) -> bool:
     """Whether `path` is an input file (images) rather than an output file (rows of values): a 3-D
     .npy array, or a CSV file whose first line is a lone count."""
-    return len(npy.read_shape(path)) == 3 if is_npy(path) else labcsv.starts_with_count(path)
+    return len(npy.read_shape(path)) == 3 if is_npy(path) else csv_reader.starts_with_count(path)
 

@@ -23,7 +23,8 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 
 from cnnlab.errors import InputFileError
-from cnnlab.files.safety import AtomicOutput, OutputSet, open_for_reading, reading
+from cnnlab.files.inputs import open_for_reading, reading
+from cnnlab.files.safety import AtomicOutput, OutputSet
 from cnnlab.files.text import READ_BYTES, read_at, wait_readable
 from cnnlab.network import IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OutputBatch, default_threads, unsized_capacity
 

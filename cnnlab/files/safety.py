@@ -1,5 +1,4 @@
-"""File safety, for every format: opening inputs with one-line errors, refusing to write over an
-input, and outputs that appear only whole.
+"""Output safety, for every format: refusing to write over an input, and outputs that appear only whole.
 
 Where an output goes depends on what its path names (`output_target`):
   a regular file, or nothing yet   written beside it under a temporary name, renamed onto it on success;
@@ -15,7 +14,6 @@ from __future__ import annotations
 
 import enum
 import errno
-import io
 import os
 import re
 import stat
@@ -26,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from cnnlab.errors import STANDARD_STREAM, InputFileError, OutputFileError, named, shown
+from cnnlab.errors import STANDARD_STREAM, OutputFileError, named, shown
 from cnnlab.interrupts import held
 
 # The temporary file is made readable by its owner only; outputs get the usual mode (0666 less the umask).
@@ -34,29 +32,6 @@ _UMASK = os.umask(0)
 os.umask(_UMASK)
 _TEMPORARY_SUFFIX = ".tmp"
 _RANDOM_CHARACTERS = 12  # what _create_temporary puts between the prefix and the suffix
-
-
-def open_for_reading(path: str | os.PathLike) -> io.BufferedReader:
-    """Open `path` (`-`: standard input) in binary mode, turning the OS's refusal into an InputFileError."""
-    try:
-        if os.fspath(path) == STANDARD_STREAM:
-            return os.fdopen(os.dup(0), "rb")  # its own descriptor: closing it leaves standard input open
-        return open(path, "rb")
-    except FileNotFoundError:
-        raise InputFileError(path, "no such file") from None
-    except IsADirectoryError:
-        raise InputFileError(path, "is a directory, not a file") from None
-    except OSError as error:
-        raise InputFileError(path, error.strerror or str(error)) from None
-
-
-@contextmanager
-def reading(path: str | os.PathLike) -> Iterator[None]:
-    """The OS's failure to read an open file (EIO from a failing disk, say) as an InputFileError naming it."""
-    try:
-        yield
-    except OSError as error:
-        raise InputFileError(path, f"cannot read: {error.strerror or error}") from None
 
 
 @contextmanager

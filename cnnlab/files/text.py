@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, BinaryIO, Protocol
 import numpy as np
 
 from cnnlab.errors import InputFileError
+from cnnlab.files.inputs import reading
 from cnnlab.files.lines import (
     MAX_LINE_BYTES,
     Cut,
@@ -30,7 +31,6 @@ from cnnlab.files.lines import (
     spans_of,
     summarize,
 )
-from cnnlab.files.safety import reading
 from cnnlab.network import own_pages
 
 if TYPE_CHECKING:

@@ -1,0 +1,348 @@
+"""The lab's input file read in batches: its count line, then its images a step at a time, the text read ahead on
+threads while the last step's is parsed, every matrix's rows checked where the lab's layout puts them.
+
+Every problem with the file is raised as an InputFileError naming the file, the line and the image.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+
+from cnnlab.errors import InputFileError
+from cnnlab.files.inputs import open_for_reading
+from cnnlab.files.lines import Span, native, scan_rows, warn_if_slow
+from cnnlab.files.rows import Layout, RowPlace, check_text, cut_row, parse_rows, shorten
+from cnnlab.files.text import READ_BYTES, TextMemory, TextSource
+from cnnlab.network import INPUT_DIM, default_threads, unsized_capacity
+
+# Images per parse task in Python (no native parser): a block of ~3 MB of text, large enough to amortise a task.
+PARSE_IMAGES = 16
+# Images per thread in a step of the host's parse, which runs ~1 MB runs on native threads: a step's own work (its
+# cut, its summaries combined, its call) and the idle tail of its last runs are a few percent of a step this long,
+# and its three text windows (~6 MB a thread) stay small enough to fault in and unmap quickly. On the 16-core H100
+# host, 30,000 CSV images, four runs of each in turns: 32 a step 1.13-1.21 s wall and 402 MB peak, 64 1.14-1.25 s
+# and 765 MB, 128 1.91-2.51 s and 1.49 GB.
+STEP_IMAGES = 32
+# Where the host parses, the threads that read ahead meanwhile: a thread reads ~8x the bytes a thread parses.
+READ_AHEAD_SHARE = 4
+# The most bytes a line of an image takes as cnnlab writes it: 100 values in repr's longest form (24 characters) and
+# their commas. Windows are reserved for no more per line (text padded longer grows them as it is read).
+REPR_ROW_BYTES = INPUT_DIM * 25
+# The fewest bytes an image's text can take: 100 lines of 100 one-character values, 99 commas and a newline.
+MIN_IMAGE_BYTES = INPUT_DIM * (2 * INPUT_DIM)
+
+
+@dataclass(frozen=True)
+class CsvBatch:
+    """A batch of images as the text of their lines, for a backend that parses CSV itself (the GPU).
+
+    The span's bytes lie in the reader's window (page-locked, from the backend's allocator) and stay
+    there until the reader has taken two batches more. `first_image` counts the file's images before
+    the batch's, and `layout` says where its blank lines may stand (rows.Layout).
+    """
+
+    path: str | os.PathLike
+    span: Span
+    images: int
+    first_image: int = 0
+    layout: Layout = Layout(INPUT_DIM, "image")
+    count: int = 0  # the images the file announces
+    cut_line: int | None = None  # the file's last line where it has no line end: a bad one is where the file was cut
+    def __len__(self) -> int:
+        return self.images
+
+    def split(self, parts: int, every: int) -> list[CsvBatch]:
+        """The batch as up to `parts` batches in order, each of whole pieces of `every` images (the span's pieces of the
+        device's chunk), as even in images as whole pieces allow: a share of the batch for each of several GPUs."""
+        pieces = self.span.pieces(every * INPUT_DIM)
+        shares = [pieces[len(pieces) * k // parts : len(pieces) * (k + 1) // parts] for k in range(parts)]
+        batches, first_image = [], self.first_image
+        for share in filter(None, shares):
+            rows = sum(piece.rows for piece in share)
+            span = Span(self.span.data, share[0].start, share[-1].end, rows, share[0].line_before, tuple(share))
+            batches.append(CsvBatch(self.path, span, rows // INPUT_DIM, first_image, self.layout, self.count, self.cut_line))
+            first_image += rows // INPUT_DIM
+        return batches
+
+    def first_row(self, piece: int, every: int) -> int:
+        """The file's row (counted from its first image's first, 0) that piece `piece` of the span's pieces of `every`
+        images starts with."""
+        return (self.first_image + piece * every) * INPUT_DIM
+
+    def parse_on_host(self, piece: Span, first_row: int, out: np.ndarray) -> None:
+        """Parse a piece of the span, starting at the file's row `first_row`, here: what the device declined, which names
+        a bad line as the host always does (and a bad last line with no line end as where the file was cut)."""
+        try:
+            parse_rows(self.path, piece, INPUT_DIM, out, RowPlace(self.layout, first_row, self.span.start))
+        except InputFileError as error:
+            if error.line is None or error.line != self.cut_line:
+                raise
+            raise file_ends(self.path, self.count, first_row + piece.rows, error.line, cut_short=True) from None
+
+
+class CsvImageReader:
+    """The lab's input file, read a batch of images at a time so that memory stays bounded.
+
+    The first line holds N; then come N matrices of 100 lines of 100 values, with a blank line
+    before every matrix after the first or none at all (rows.Layout: a file is one or the other, as
+    its first two images say). Each step's lines are taken in one span, cut into blocks of
+    PARSE_IMAGES images, and the blocks parsed `threads` at once (the native parser releases the GIL).
+    """
+
+    values_finite = True  # the parsers refuse a NaN, an infinity or a value that overflows
+
+    def __init__(self, path: str | os.PathLike, threads: int | None = None, memory: TextMemory | None = None) -> None:
+        from concurrent.futures import ThreadPoolExecutor  # here: with logging, ~4 ms of a start-up that reads no CSV
+
+        self.path = path
+        threads = threads or default_threads()
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="cnnlab-parse")
+        self._taken: SpanAhead | None = None  # the next read_into()'s span, taken while this one's parses
+        self._parsers = native.Pool(threads) if native is not None else None  # native threads: a piece hands off in microseconds
+        self._file = open_for_reading(path)
+        try:
+            self.stop = threading.Event()  # set when the run stops: a read waiting on a pipe gives up
+            # Parsed here, the text is read ahead on a quarter of the threads, the parse taking every core meanwhile.
+            ahead = threads if memory is not None else max(1, threads // READ_AHEAD_SHARE)
+            self._source = TextSource(path, self._file, memory, self._pool, threads, self.stop, ahead)
+            self.count = self._read_count()
+            status = os.fstat(self._file.fileno())
+            # The first guess, no more than a row of repr's longest values: a file mostly past its N images (a line of
+            # gigabytes, say) says little of them, and reading by its bytes per image would take them all at once.
+            self._source.row_bytes = min(status.st_size / (self.count * INPUT_DIM), REPR_ROW_BYTES)
+            regular = stat.S_ISREG(status.st_mode)
+            self.capacity = min(self.count, status.st_size // MIN_IMAGE_BYTES + 1) if regular else unsized_capacity(self.count)
+        except BaseException:
+            self.close()
+            raise
+        warn_if_slow()
+        self.images_read = 0
+        self._images_taken = 0  # the images whose spans were taken (ahead of those read, where a span is taken ahead)
+        self._separated: bool | None = None  # whether blank lines stand between the images: known once image 2 is taken
+        self.step = (STEP_IMAGES if native is not None else PARSE_IMAGES) * threads  # images per read_into() call
+
+    def _read_count(self) -> int:
+        first = self._source.take(1)
+        if not first.rows:
+            raise InputFileError(self.path, "empty file: the first line must hold the number of matrices")
+        [(number, line)] = first.lines()
+        check_text(self.path, number, line)
+        text = line.decode("ascii").strip()
+        digits = _count_digits(text).lstrip("0")
+        if not digits.isdigit() or len(digits) > 18:  # 18 digits: past any file, and int() stays quick
+            message = f"the first line must hold the number of matrices, a positive integer, not {shorten(text)!r}"
+            raise InputFileError(self.path, message, number)
+        return int(digits)
+
+    @property
+    def layout(self) -> Layout:
+        """Where the file's blank lines may stand (before image 2 is taken, no row it governs has been parsed)."""
+        return Layout(INPUT_DIM, "image", separated=bool(self._separated))
+
+    def read_into(self, out: np.ndarray, next_images: int = 0) -> int:
+        """Fill the leading images of `out` (shape (n, 100, 100)) with the next images; return how many.
+
+        Given `next_images`, the images the next call will ask for, their span is taken on a thread of its own while
+        these parse: taking a span (the hand-over of what was read ahead, and its cut) is a tenth of the reader's
+        time, which every parsing core but one would otherwise wait through."""
+        wanted = max(0, min(len(out), self.count - self.images_read))
+        span = self._take(wanted)
+        then = max(0, min(next_images, self.count - self.images_read - wanted))
+        if then and span.rows == wanted * INPUT_DIM:
+            self._taken = SpanAhead(self._take_now, then)
+        with self._truncation(span, wanted):
+            self._parse(span, out.reshape(-1))
+        self.images_read += wanted
+        return wanted
+
+    def _take(self, images: int) -> Span:
+        """The span of the next `images` images: the one taken ahead for them, else taken now."""
+        if self._taken is None:
+            return self._take_now(images)
+        taken, self._taken = self._taken, None
+        span = taken.result()  # its error (a line too long, say) here: after every span before it was parsed
+        if taken.images != images:
+            raise ValueError(f"read_into: asked for {images} images where the call before said {taken.images} would follow")
+        return span
+
+    def _take_now(self, images: int, every: int | None = None) -> Span:
+        """The span of the next `images` images (cut in pieces of `every` rows), and, where it holds image 2's first row,
+        whether a blank line stands before that row: the file's layout."""
+        if every is None and native is None:
+            every = PARSE_IMAGES * INPUT_DIM
+        span = self._source.take(images * INPUT_DIM, every)
+        first, self._images_taken = self._images_taken, self._images_taken + images
+        if self._separated is None and first * INPUT_DIM + span.rows > INPUT_DIM:
+            after_image_1 = scan_rows(span.data, span.start, INPUT_DIM)[0] if first == 0 else span.start
+            self._separated = scan_rows(span.data, after_image_1, 1)[2] > 1  # lines walked to the next row: blank ones first
+        return span
+
+    def _place(self, span: Span, rows_before: int = 0) -> RowPlace:
+        """Where the rows of a piece of `span` that follows `rows_before` of its rows stand in the file."""
+        return RowPlace(self.layout, self.images_read * INPUT_DIM + rows_before, span.start)
+
+    def _parse(self, span: Span, out: np.ndarray) -> None:
+        """The span's lines into `out`: natively, the runs the read found (a piece of the file each, ~1 MB) claimed by
+        the reader's threads as they go, else pieces of PARSE_IMAGES images a task; the first piece that holds a bad
+        line (in file order) named by that line."""
+        if native is not None and self._parsers is not None:
+            runs = span.runs or _runs(span.pieces(PARSE_IMAGES * INPUT_DIM))
+            place = self._place(span)
+            bad = native.parse_pieces(self._parsers, span.data, np.array(runs, np.int64), INPUT_DIM, out[: span.rows * INPUT_DIM],
+                                      place.bound, place.first_row, INPUT_DIM, place.layout.separated)  # fmt: skip
+            if bad >= 0:  # from the first piece it declined, in order, as parse_rows names a bad line
+                line = span.line_before + int(np.count_nonzero(span.data[span.start : runs[bad][0]] == ord("\n")))
+                for (start, end, before), after in zip(runs[bad:], [*(run[2] for run in runs[bad + 1 :]), span.rows]):
+                    run = Span(span.data, start, end, after - before, line)
+                    parse_rows(self.path, run, INPUT_DIM, out[before * INPUT_DIM : after * INPUT_DIM], self._place(span, before))
+                    line += int(np.count_nonzero(span.data[start:end] == ord("\n")))
+            return
+        parsing, first = [], 0
+        try:
+            for piece in span.pieces(PARSE_IMAGES * INPUT_DIM):
+                room = out[first * INPUT_DIM : (first + piece.rows) * INPUT_DIM]
+                parsing.append(self._pool.submit(parse_rows, self.path, piece, INPUT_DIM, room, self._place(span, first)))
+                first += piece.rows
+        finally:
+            for future in parsing:  # never return while a thread still writes into `out`
+                future.exception()
+        for future in parsing:  # the first bad piece's error, in file order
+            future.result()
+
+    def reserve_text(self, images: int) -> None:
+        """Make the windows hold the text of `images` images (from the file's bytes per image) before read_text
+        reads batches that size: page-locked windows are made before the run, as its image buffers are."""
+        assert self._taken is None, "reserve_text() after read_into() that takes ahead"
+        self._source.reserve(self._text_bytes(images))
+
+    def text_memory(self, images: int) -> int:
+        """The memory the text windows take for steps of `images` images."""
+        return self._source.window_bytes(self._text_bytes(images))
+
+    def _text_bytes(self, images: int) -> int:
+        """The text of `images` images, from the file's bytes per row (a guess before the first span), with slack."""
+        return int(1.1 * self._source.row_bytes * INPUT_DIM * min(images, self.count)) + READ_BYTES // 32
+
+    def read_text(self, images: int, chunk: int) -> CsvBatch | None:
+        """The text of the next `images` images (fewer at the end), unparsed, cut into chunks of
+        `chunk` images; None when all were read."""
+        assert self._taken is None, "read_text() after read_into() that takes ahead"
+        wanted = max(0, min(images, self.count - self.images_read))
+        if not wanted:
+            return None
+        span = self._take_now(wanted, chunk * INPUT_DIM)
+        if span.rows < wanted * INPUT_DIM:
+            with self._truncation(span, wanted):  # a bad line before the end comes first
+                parse_rows(self.path, span, INPUT_DIM, np.empty(span.rows * INPUT_DIM), self._place(span))
+        batch = CsvBatch(self.path, span, wanted, self.images_read, self.layout, self.count, self._cut_line())
+        self.images_read += wanted
+        return batch
+
+    @contextmanager
+    def _truncation(self, span: Span, wanted: int) -> Iterator[None]:
+        """Around the parse of the span taken for `wanted` images: where the file ends inside it (a bad last line that
+        has no line end is one cut short), the error says so."""
+        rows = self.images_read * INPUT_DIM + span.rows
+        try:
+            yield
+        except InputFileError as error:
+            if error.line is None or error.line != self._cut_line():
+                raise
+            raise file_ends(self.path, self.count, rows, error.line, cut_short=True) from None
+        if span.rows < wanted * INPUT_DIM:
+            raise file_ends(self.path, self.count, rows, self._source.lines_taken)
+
+    def _cut_line(self) -> int | None:
+        """The number of the file's last line, once read, where it has no line end and could be a row cut short."""
+        unended = self._source.unended
+        return unended[0] if unended is not None and cut_row(unended[1], INPUT_DIM) else None
+
+    def finish(self) -> None:
+        """After all N images: an error where a line that follows them holds anything, as rows out of place or a
+        count too small would leave there."""
+        assert self._taken is None, "finish() before the images taken ahead were read"
+        if self._source.take(1).rows:
+            message = f"data after the {self.count} images the first line announces (a count too small, or rows out of place?)"
+            raise InputFileError(self.path, message, self._source.lines_taken)
+
+    def close(self) -> None:
+        if self._taken is not None:  # before the pool and the windows go: a take ahead uses them
+            self.stop.set()  # and if it waits on a pipe, it gives up
+            self._taken.wait()
+        self._pool.shutdown()
+        if self._parsers is not None:
+            self._parsers.close()
+        if hasattr(self, "_source"):
+            self._source.close()
+        self._file.close()
+
+    def __enter__(self) -> CsvImageReader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class SpanAhead:
+    """The span of the next read_into()'s `images` images, taken by `take` on a thread of its own while this call's
+    parse: a daemon thread, so that a take waiting on a pipe never holds up the interpreter's exit."""
+
+    def __init__(self, take: Callable[[int], Span], images: int) -> None:
+        self.images = images
+        self._span: Span | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._take, args=(take,), name="cnnlab-take", daemon=True)
+        self._thread.start()
+
+    def _take(self, take: Callable[[int], Span]) -> None:
+        try:
+            self._span = take(self.images)
+        except BaseException as error:  # raised by result(), on the reader's thread
+            self._error = error
+
+    def wait(self) -> None:
+        self._thread.join()
+
+    def result(self) -> Span:
+        self.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._span is not None
+        return self._span
+
+
+def file_ends(path: str | os.PathLike, count: int, rows: int, line: int | None, cut_short: bool = False) -> InputFileError:
+    """The error of an input file whose first line announces `count` images and whose text ends after `rows` rows (the
+    last of them `cut_short`: a line with no line end that is not a row), at line `line`."""
+    image, row = divmod(rows - 1 if cut_short else rows, INPUT_DIM)
+    inside = f"file ends inside image {image + 1} of the {count} the first line announces"
+    if cut_short:
+        return InputFileError(path, f"{inside}: its row {row + 1} is cut short", line)
+    if row:
+        return InputFileError(path, f"{inside}, after {row} of its {INPUT_DIM} rows", line)
+    return InputFileError(path, f"file ends after {image} of the {count} images the first line announces", line)
+
+
+def _runs(pieces: list[Span]) -> tuple[tuple[int, int, int], ...]:
+    """Pieces as runs for parse_pieces: (start, end, rows before)."""
+    befores = np.cumsum([0] + [piece.rows for piece in pieces[:-1]])
+    return tuple((piece.start, piece.end, int(before)) for piece, before in zip(pieces, befores))
+
+
+def starts_with_count(path: str | os.PathLike) -> bool:
+    """Whether the file's first non-blank line is a lone count, as an input file's first line is."""
+    with open_for_reading(path) as file:
+        first = TextSource(path, file).take(1)
+    return first.rows == 1 and _count_digits(first.lines()[0][1].decode("ascii", "replace").strip()).isdigit()
+
+
+def _count_digits(text: str) -> str:
+    """The digits of N as the lab's Rust reader (`usize::from_str`) took them: a leading '+' allowed."""
+    return text[1:] if text.startswith("+") else text
