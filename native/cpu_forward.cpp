@@ -13,8 +13,9 @@
 //   plain_group     cpu.rs's loops as written, 8 images a vector gathered value by value (the peer)
 //   read_values     every double read once (the memory-read bound)
 // The forward runs the widest kernels this CPU has, or those named at construction (CNNLAB_CPU_ISA, in
-// cnnlab/cpu/backend.py); the plain loop and read_values always run the widest, as -march=native would build
-// them (measured on the Zen 3 machine: the same rate as the plain loop compiled with -march=native).
+// cnnlab/cpu/backend.py); the plain loop runs the same instruction set, as -march=native would build it on a
+// machine whose widest that is (measured on the Zen 3 machine: the same rate as the plain loop compiled with
+// -march=native), and read_values the widest (the memory-read bound is the machine's, whatever the kernels).
 //
 // Napkin math: an image is 100,000 conv taps and 40,000 weights, each a multiply and an add: 280,000
 // FP64 operations, 35,000 8-wide instructions. A core that issues two of them a cycle (AVX-512 on
@@ -32,11 +33,10 @@
 //   .compute(images, out, check) -> int      images (n, 100, 100) -> out (n, 10); -1, or where `check` is
 //                                            true the index of the first image that holds a NaN or an
 //                                            infinity (out is then undefined)
-//   .compute_plain(images, out)              the same outputs by the plain loop
+//   .compute_plain(images, out)              the same outputs by the plain loop, in isa's instructions
 //   .read(values) -> float                   the sum of every value, read once on the threads
 //   .close()                                  stops the threads (also when the object goes)
 //   .isa                                      "avx512", "avx2" or "x86-64": the forward's kernels
-//   .plain_isa                                the plain loop's and read's kernels: the widest this CPU runs
 //   .threads                                  the threads a call runs on (the caller's among them)
 //   ISAS, CPU_ISAS                            every kernels' name, and those this CPU runs; widest first
 
@@ -395,10 +395,10 @@ PyObject *Forward_compute_plain(Forward *self, PyObject *args)
         return nullptr;
     const double *values = static_cast<const double *>(images.view.buf);
     double *outputs = static_cast<double *>(out.view.buf);
-    const Kernels &best = best_kernels();
+    const Kernels &kernels = *self->kernels;
     Py_BEGIN_ALLOW_THREADS
     over_groups(self, values, count, PLAIN_GROUP, [&](long first, const double *const *rows, int in_group, Scratch *scratch) {
-        best.plain(rows, self->filters, self->weights, scratch, outputs + first * OUT_LAYER_SIZE, in_group);
+        kernels.plain(rows, self->filters, self->weights, scratch, outputs + first * OUT_LAYER_SIZE, in_group);
     });
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
@@ -440,8 +440,6 @@ PyObject *Forward_close(Forward *self, PyObject *)
 
 PyObject *Forward_isa(Forward *self, void *) { return PyUnicode_FromString(self->kernels ? self->kernels->name : "none"); }
 
-PyObject *Forward_plain_isa(Forward *, void *) { return PyUnicode_FromString(best_kernels().name); }
-
 PyObject *Forward_threads(Forward *self, void *) { return PyLong_FromLong(self->pool ? self->pool->threads() : 0); }
 
 PyMethodDef Forward_methods[] = {
@@ -457,8 +455,6 @@ PyMethodDef Forward_methods[] = {
 
 PyGetSetDef Forward_getset[] = {
     {"isa", reinterpret_cast<getter>(Forward_isa), nullptr, "The instruction set of the kernels in use.", nullptr},
-    {"plain_isa", reinterpret_cast<getter>(Forward_plain_isa), nullptr,
-     "The instruction set of the plain loop and of read(): the widest this CPU runs, whatever `isa` is.", nullptr},
     {"threads", reinterpret_cast<getter>(Forward_threads), nullptr, "The threads a call runs on, the caller's among them.", nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr},
 };

@@ -17,7 +17,7 @@ import numpy as np
 
 from cnnlab.bench.peers import run_peers
 from cnnlab.bench.report import BenchOptions, Figure, Traffic, alternated_seconds, median_rate, rate_and_spread
-from cnnlab.cpu.backend import CpuBackend, Forward
+from cnnlab.cpu.backend import CpuBackend, Forward, kernel_isa
 from cnnlab.cpu.numpy_forward import NumpyForward
 from cnnlab.generate import random_values
 from cnnlab.network import FLOPS_PER_IMAGE, IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, Cnn, ImageBatch
@@ -40,7 +40,7 @@ def bench_cpu(cnn: Cnn, options: BenchOptions, rng: np.random.Generator, seed: i
         threads = backend.threads
         want = backend.compute(ImageBatch(images)).values
         runs: list[Callable[[], object]] = [lambda: backend.compute(ImageBatch(images))]
-        native = Forward(cnn.filters, cnn.weights, threads) if Forward is not None else None
+        native = Forward(cnn.filters, cnn.weights, threads, kernel_isa()) if Forward is not None else None
         try:
             if native is not None:
                 read = median_rate(count, lambda: native.read(images), repeats)
@@ -56,7 +56,7 @@ def bench_cpu(cnn: Cnn, options: BenchOptions, rng: np.random.Generator, seed: i
     figures.append(Figure("cpu", f"cpu: forward ({backend.device})", rate, MEMORY_BOUND, spread=spread, **model))
     if native is not None:
         rate, spread = rate_and_spread(count, plain_seconds[0])
-        figures.append(Figure("cpu", f"peer: plain C++ loop, 8 images a vector ({threads} threads, {native.plain_isa})", rate,
+        figures.append(Figure("cpu", f"peer: plain C++ loop, 8 images a vector ({threads} threads, {native.isa})", rate,
                               MEMORY_BOUND, spread=spread, check=_bit_exact(out, want), **model))
         turns = sorted(plain / forward for forward, plain in zip(forward_seconds, plain_seconds[0]))
         notes.append(f"cpu: the forward against the plain loop, turn by turn: {turns[0]:.1f}x..{turns[-1]:.1f}x")

@@ -18,16 +18,13 @@ class Forward:
     def isa(self) -> str:
         """The instruction set of the kernels in use."""
     @property
-    def plain_isa(self) -> str:
-        """The plain loop's and read's kernels: the widest this CPU runs."""
-    @property
     def threads(self) -> int:
         """The threads a call runs on, the caller's among them."""
     def compute(self, images: Floats, out: Floats, check: bool, /) -> int:
         """The outputs of images (n, 100, 100) into out (n, 10); -1, or where `check` is true the index of the first image
         holding a NaN or an infinity."""
     def compute_plain(self, images: Floats, out: Floats, /) -> None:
-        """The same outputs by cpu.rs's loops as written, 8 images a vector (the bench's peer)."""
+        """The same outputs by cpu.rs's loops as written, 8 images a vector, in isa's instructions (the bench's peer)."""
     def read(self, values: Floats, /) -> float:
         """The sum of every value, read once on the threads."""
     def close(self) -> None:
