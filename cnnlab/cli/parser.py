@@ -156,6 +156,12 @@ def _add_run(subcommands: Any, mode: str) -> None:
         + " (default: OMP_NUM_THREADS where set, else every core this process may run on)",
     )
     run.add_argument("--timing-json", metavar="PATH", help="also write the run's figures as JSON")
+    run.add_argument(
+        "--trace",
+        metavar="FILE.json",
+        help="also write the run's spans (every thread" + (", stream and kernel" if mode == "cuda" else "")
+        + ") in the Chrome trace-event format, for Perfetto or chrome://tracing; a .json.gz name compresses it (docs/trace.md)",
+    )
     # Reading ahead overlaps the next batch's reading with this one's compute: the GPU's, or the CPU's forward, now a few
     # percent of reading CSV (measured on 2 and 16 cores); a .npy batch is copied while the last is computed, in cache.
     run.add_argument(
