@@ -1,4 +1,4 @@
-"""The command line's commands: what `cnnlab cpu|cuda|convert|generate|compare|bench` each do, once parsed.
+"""The command line's commands: what `cnnlab cpu|cuda|convert|generate|compare|bench|trace-plot` each do, once parsed.
 
 Each takes the parsed arguments and returns the exit status; a problem is raised as one of cnnlab's
 errors, which main.py turns into one line.
@@ -192,6 +192,26 @@ def bench(args: argparse.Namespace) -> int:
     report = run_bench(options, args.seed)
     say(format_table(report))
     write_report(report, args.json, args.plot)
+    return 0
+
+
+def trace_plot(args: argparse.Namespace) -> int:
+    import io
+
+    from cnnlab.bench.report import import_pyplot
+    from cnnlab.trace.plot import describe, draw, load_trace, summarize
+
+    refuse_same_file(args.png, {"trace file": args.trace})
+    output_target(args.png)
+    plt = import_pyplot("trace-plot")
+    summary = summarize(load_trace(args.trace))
+    figure = draw(summary, plt)
+    image = io.BytesIO()
+    figure.savefig(image, format="png", dpi=args.dpi)
+    plt.close(figure)
+    with AtomicOutput(args.png, binary=True) as out:
+        out.write(image.getvalue())
+    say(describe(summary))
     return 0
 
 
