@@ -105,7 +105,8 @@ def summarize(trace: dict[str, Any]) -> TraceSummary:
     events = [event for event in trace["traceEvents"] if isinstance(event, dict)]
     named = [event for event in events if event.get("name") == "thread_name"]
     names = {(event.get("pid"), event.get("tid")): str(event.get("args", {}).get("name")) for event in named}
-    spans, tracks = [], {}
+    spans: list[Span] = []
+    tracks: dict[str, None] = {}  # insertion-ordered set
     for event in events:
         if event.get("ph") != "X":
             continue
