@@ -166,10 +166,12 @@ def draw(summary: TraceSummary, plt: Any) -> Any:
     rows = {track: row for row, track in enumerate(summary.tracks)}
     figure, axes = plt.subplots(figsize=(12, 1.2 + 0.32 * len(rows)))
     origin = summary.loop_start
-    for span in sorted(summary.spans, key=lambda span: span.depth):  # the outer first, the inner on top
-        height = max(0.25, 0.8 - 0.2 * span.depth)
-        axes.barh(rows[span.track], (span.end - span.start) / 1e3, left=(span.start - origin) / 1e3, height=height,
-                  color=COLORS.get(span.kind, "0.5"), linewidth=0)  # fmt: skip
+    bars: dict[tuple[int, str, str], list[tuple[float, float]]] = {}  # (depth, track, kind) -> (start, width) in ms
+    for span in summary.spans:
+        bars.setdefault((span.depth, span.track, span.kind), []).append(((span.start - origin) / 1e3, (span.end - span.start) / 1e3))
+    for (depth, track, kind), ranges in sorted(bars.items(), key=lambda item: item[0][0]):  # the outer first, the inner on top
+        height = max(0.25, 0.8 - 0.2 * depth)
+        axes.broken_barh(ranges, (rows[track] - height / 2, height), color=COLORS.get(kind, "0.5"), linewidth=0)
     end = (summary.loop_end - origin) / 1e3
     for track, row in rows.items():
         rates = ", ".join(f"{kind} {rate / 1e9:.2f} GB/s" for kind, rate in summary.track_rates(track).items())
