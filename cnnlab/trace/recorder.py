@@ -170,18 +170,20 @@ class Recorder:
         """The stream's track, made with its anchor the first time (the stream is idle then: nothing was queued on it yet
         in this trace that a span did not wait for)."""
         track = self._streams.get(id(stream))
-        if track is None:
-            if self.driver is None:
-                from cnnlab.cuda.driver import import_driver
+        if track is not None:
+            return track
+        if self.driver is None:
+            from cnnlab.cuda.driver import import_driver
 
-                self.driver = import_driver()
-            anchor = self.driver.Event()
-            before = time.perf_counter_ns()
-            anchor.record(stream)
-            anchor.synchronize()
-            anchor_ns = (before + time.perf_counter_ns()) // 2
+            self.driver = import_driver()
+        anchor = self.driver.Event()
+        before = time.perf_counter_ns()
+        anchor.record(stream)
+        anchor.synchronize()
+        anchor_ns = (before + time.perf_counter_ns()) // 2
+        with self._naming:  # several GPUs' threads (--devices) number their streams at once
             track = self._streams[id(stream)] = _StreamTrack(len(self._streams) + 1, stream, anchor, anchor_ns)
-            self._name(GPU_PID, track.tid, f"stream {track.tid}")
+            self._names[(GPU_PID, track.tid)] = f"stream {track.tid}"
         return track
 
     def settle(self, stream: Any) -> None:
