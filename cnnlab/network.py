@@ -11,6 +11,7 @@ import errno
 import mmap
 import os
 import resource
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -232,6 +233,51 @@ class TextBatching:
 
     batch_images: int
     chunk_images: int
+
+
+class Tracer(Protocol):
+    """What a run's parts tell --trace of their time (cnnlab/trace/recorder.py records it). NO_TRACE, where no trace was
+    asked for, records nothing and imports nothing: a span then costs a call."""
+
+    enabled: bool
+
+    def span(self, name: str, stream: Any = None, **args: Any) -> AbstractContextManager[object]:
+        """A span named `name` of this thread's time, or, given a CUDA stream, of the work queued on it meanwhile."""
+        ...
+
+    def complete(self, name: str, tid: int, start_ns: int, end_ns: int, thread: str, **args: Any) -> None:
+        """A span timed elsewhere (perf_counter_ns's clock) on thread `tid`'s track, named `thread` where it has no name."""
+        ...
+
+    def launches(self, module: Any) -> Any:
+        """A CUDA module whose kernels' launches are spans on their streams."""
+        ...
+
+    def settle(self, stream: Any) -> None:
+        """Place the finished work of `stream`'s spans on the host's clock (while its context is current)."""
+        ...
+
+
+class _NoTrace:
+    """The Tracer of a run without --trace."""
+
+    enabled = False
+    _nothing = nullcontext()
+
+    def span(self, name: str, stream: Any = None, **args: Any) -> AbstractContextManager[object]:
+        return self._nothing
+
+    def complete(self, name: str, tid: int, start_ns: int, end_ns: int, thread: str, **args: Any) -> None:
+        pass
+
+    def launches(self, module: Any) -> Any:
+        return module
+
+    def settle(self, stream: Any) -> None:
+        pass
+
+
+NO_TRACE: Tracer = _NoTrace()
 
 
 class Backend(Protocol):

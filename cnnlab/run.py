@@ -9,6 +9,7 @@ Only backend.compute() is timed: the lab's "actual work", without reading or wri
 
 from __future__ import annotations
 
+import itertools
 import os
 import queue
 import threading
@@ -26,7 +27,7 @@ from cnnlab.files.formats import ImageReader, open_images, open_outputs
 from cnnlab.files.npy import VIEW_IMAGES, NpyImageReader
 from cnnlab.files.safety import OutputSet
 from cnnlab.interrupts import join_through_signals
-from cnnlab.network import IMAGE_BYTES, Backend, Cnn, ImageBatch, OutputBatch, first_nonfinite, fits
+from cnnlab.network import IMAGE_BYTES, NO_TRACE, Backend, Cnn, ImageBatch, OutputBatch, Tracer, first_nonfinite, fits
 from cnnlab.progress import Progress
 
 Batch = ImageBatch | CsvBatch
@@ -57,13 +58,16 @@ class Prefetcher:
 
     `read(slot, stop)` fills a slot (a host buffer; for CSV text and a mapped .npy file nothing but a turn) with the next
     batch, or returns None at the end; it checks `stop` between steps, so that leaving early never
-    waits for a whole batch, and never leaves the thread writing into a freed buffer.
+    waits for a whole batch, and never leaves the thread writing into a freed buffer. `trace` gets a span per batch read
+    and per wait for one.
     """
 
     def __init__(
-        self, read: Callable[[Any, threading.Event], Batch | None], slots: list[Any], reader_stop: threading.Event | None = None
+        self, read: Callable[[Any, threading.Event], Batch | None], slots: list[Any], reader_stop: threading.Event | None = None,
+        trace: Tracer = NO_TRACE,
     ) -> None:
         self._read_batch = read
+        self._trace = trace
         self._reader_stop = reader_stop  # the reader's own: set on an early close, it ends a read that waits on a pipe
         self._read_all = False  # the reader said it was done: nothing is left to stop, and the reader may read on
         self._empty: queue.Queue[tuple[Any] | None] = queue.Queue()
@@ -76,8 +80,11 @@ class Prefetcher:
 
     def _read(self) -> None:
         try:
-            while (item := self._empty.get()) is not None:
-                batch = self._read_batch(item[0], self._closed)
+            for number in itertools.count():
+                if (item := self._empty.get()) is None:
+                    return
+                with self._trace.span("read batch", batch=number):
+                    batch = self._read_batch(item[0], self._closed)
                 self._full.put((item[0], batch))
                 if batch is None:
                     return
@@ -85,8 +92,9 @@ class Prefetcher:
             self._full.put(error)
 
     def __iter__(self) -> Iterator[Batch]:
-        while True:
-            item = self._full.get()
+        for number in itertools.count():
+            with self._trace.span("wait for batch", batch=number):
+                item = self._full.get()
             if isinstance(item, BaseException):
                 raise item
             slot, batch = item
@@ -149,10 +157,11 @@ def _read_text(reader: CsvImageReader, images: int, chunk: int, slot: Any, stop:
 
 def make_backend(
     mode: str, cnn: Cnn, batch_size: int | None, host_parse: bool = False, kernel: str | None = None, threads: int | None = None,
-    gpus: list[int] | None = None,
+    gpus: list[int] | None = None, trace: Tracer = NO_TRACE,
 ) -> Backend:
     """The backend for `mode` on `threads` host threads; the CUDA one, running rung `kernel` of the ladder on the GPUs
-    `gpus` (default GPU 0; several: each batch spread over them), is imported only when asked for."""
+    `gpus` (default GPU 0; several: each batch spread over them), is imported only when asked for; its streams and
+    kernels tell `trace` their time."""
     if mode == "cpu":
         from cnnlab.cpu.backend import CpuBackend
 
@@ -163,7 +172,7 @@ def make_backend(
     gpus = gpus or [0]
     share = None if batch_size is None else max(1, -(-batch_size // len(gpus)))  # a batch's images over the GPUs
     config = LaunchConfig(kernel=kernel or DEFAULT_KERNEL)
-    make = partial(CudaContext, cnn, share, config, parse_csv=not host_parse, threads=threads)
+    make = partial(CudaContext, cnn, share, config, parse_csv=not host_parse, threads=threads, trace=trace)
     if len(gpus) == 1:
         return make(device=gpus[0])
     from cnnlab.cuda.spread import Spread
@@ -173,10 +182,11 @@ def make_backend(
 
 def run_network(
     backend: Backend, input_path: str | os.PathLike, output_path: str | os.PathLike, read_ahead: bool = True,
-    together: OutputSet | None = None,
+    together: OutputSet | None = None, trace: Tracer = NO_TRACE,
 ) -> RunStats:
     """Compute the outputs of every image in `input_path` and write them to `output_path` (where `together` is given, one
-    of that set of outputs, placed with the others at the end of its `with` block).
+    of that set of outputs, placed with the others at the end of its `with` block); the loop, its reader and each
+    batch's compute and write tell `trace` their time.
 
     A backend that parses CSV itself (`csv_text`, the GPU) gets CSV input as text batches read
     into its page-locked memory; every other input is parsed here into its image buffers. Without
@@ -186,7 +196,7 @@ def run_network(
     slots = 2 if read_ahead else 1
     text = backend.csv_text
     with (
-        open_images(input_path, backend if text else None, backend.threads) as reader,
+        open_images(input_path, backend if text else None, backend.threads, trace) as reader,
         open_outputs(output_path, reader.count, together) as output,
     ):
         if text and isinstance(reader, CsvImageReader):
@@ -208,19 +218,22 @@ def run_network(
         work_seconds, startup_seconds, images_done = 0.0, None, 0
         loop_start = time.perf_counter()
         try:
-            with Prefetcher(read, buffers, reader.stop) as batches:
-                for batch in batches:
-                    startup_seconds = process_age() if startup_seconds is None else startup_seconds
-                    start = time.perf_counter()
-                    try:
-                        outputs = backend.compute(batch, check_finite=not reader.values_finite)
-                    except ArrayError:
-                        raise _non_finite_image(input_path, batch, images_done) from None
-                    work_seconds += time.perf_counter() - start
-                    _refuse_non_finite(input_path, outputs, images_done)
-                    output.write(outputs)
-                    images_done += len(outputs)
-                    progress.update(images_done)
+            with trace.span("loop", images=reader.count), Prefetcher(read, buffers, reader.stop, trace) as batches:
+                for number, batch in enumerate(batches):
+                    with trace.span("batch", batch=number, images=len(batch)):
+                        startup_seconds = process_age() if startup_seconds is None else startup_seconds
+                        start = time.perf_counter()
+                        try:
+                            with trace.span("compute", batch=number, images=len(batch)):
+                                outputs = backend.compute(batch, check_finite=not reader.values_finite)
+                        except ArrayError:
+                            raise _non_finite_image(input_path, batch, images_done) from None
+                        work_seconds += time.perf_counter() - start
+                        _refuse_non_finite(input_path, outputs, images_done)
+                        with trace.span("write", batch=number, images=len(outputs)):
+                            output.write(outputs)
+                        images_done += len(outputs)
+                        progress.update(images_done)
             loop_seconds = time.perf_counter() - loop_start
         finally:
             progress.finish()

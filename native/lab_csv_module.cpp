@@ -49,10 +49,13 @@
 //       before any bad-line index is returned), width < 1, offsets out of range, a range that does
 //       not end at a line end. TypeError/BufferError: out is not a writable contiguous float64 buffer.
 //
-//   parse_pieces(pool, data, pieces, width, out[, bound, first_row, matrix_rows, separated]) -> int
+//   parse_pieces(pool, data, pieces, width, out[, bound, first_row, matrix_rows, separated, times]) -> int
 //       parse_rows for each piece (start, end, rows before it in out) of an int64 array of such
 //       triples, on the pool's threads; first_row is the row of out's first. -1 if all were
 //       good, else the index of the first piece (in order) that holds a bad line.
+//       times (a trace, where not None): a writable C-contiguous int64 array of a row per piece,
+//       filled with (pool worker, thread id, start ns, end ns), CLOCK_MONOTONIC: the clock of
+//       Python's time.perf_counter_ns on Linux.
 //
 //   format_rows(values) -> str
 //       A C-contiguous 2-D float64 array as CSV lines, each value exactly as Python's repr() writes
@@ -67,7 +70,10 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <sys/syscall.h>
 #include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -564,14 +570,39 @@ PyMethodDef Pool_methods[] = {
 
 PyTypeObject PoolType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
+// Nanoseconds on CLOCK_MONOTONIC, the clock of Python's time.perf_counter_ns on Linux, so a trace's native spans
+// line up with its Python ones.
+long long monotonic_ns()
+{
+    timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return now.tv_sec * 1000000000LL + now.tv_nsec;
+}
+
+// parse_pieces's `times` into `times`: where given, a buffer of int64 rows (worker, thread id, start ns, end ns), one per
+// piece of `count`; false with the error set where it is not.
+bool piece_times(PyObject *times_obj, Py_ssize_t count, Buffer *times)
+{
+    if (times_obj == Py_None)
+        return true;
+    if (!times->get(times_obj, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS))
+        return false;
+    const char *format = times->view.format ? times->view.format : "B";
+    if (times->view.itemsize != 8 || times->view.len != count * 32 || !std::strchr("qlLQ", format[std::strlen(format) - 1])) {
+        PyErr_SetString(PyExc_TypeError, "parse_pieces: times must be a writable C-contiguous int64 array of 4 values a piece");
+        return false;
+    }
+    return true;
+}
+
 PyObject *parse_pieces(PyObject *, PyObject *args)
 {
-    PyObject *pool_obj, *data_obj, *pieces_obj, *out_obj;
+    PyObject *pool_obj, *data_obj, *pieces_obj, *out_obj, *times_obj = Py_None;
     Py_ssize_t width;
     RowPlace span;  // bound: where the pieces' span starts; first_row: the row of out's first
     int separated = 0;
-    if (!PyArg_ParseTuple(args, "O!OOnO|nLLp:parse_pieces", &PoolType, &pool_obj, &data_obj, &pieces_obj, &width, &out_obj, &span.bound,
-                          &span.first_row, &span.matrix_rows, &separated))
+    if (!PyArg_ParseTuple(args, "O!OOnO|nLLpO:parse_pieces", &PoolType, &pool_obj, &data_obj, &pieces_obj, &width, &out_obj, &span.bound,
+                          &span.first_row, &span.matrix_rows, &separated, &times_obj))
         return nullptr;
     span.separated = separated;
     cnnlab::Pool *pool = reinterpret_cast<PoolObject *>(pool_obj)->pool;
@@ -610,17 +641,25 @@ PyObject *parse_pieces(PyObject *, PyObject *args)
             return nullptr;
         }
     }
+    Buffer times_buffer;
+    if (!piece_times(times_obj, count, &times_buffer))
+        return nullptr;
+    long long *times = times_buffer.held ? static_cast<long long *>(times_buffer.view.buf) : nullptr;
     double *values = static_cast<double *>(out.view.buf);
     std::atomic<Py_ssize_t> next{0}, first_bad{count}, overfull{-1};
     Py_BEGIN_ALLOW_THREADS
     pool->run(
-        [&](int) {
+        [&](int worker) {
             for (Py_ssize_t i; (i = next.fetch_add(1)) < count;) {
+                if (times)
+                    times[4 * i] = worker, times[4 * i + 1] = syscall(SYS_gettid), times[4 * i + 2] = monotonic_ns();
                 const long long first = bounds[3 * i + 2], room = (i + 1 < count ? bounds[3 * i + 5] : rows) - first;
                 Py_ssize_t needed;
                 RowPlace place = span;
                 place.first_row += first;
                 const Py_ssize_t bad = parse_range(base, bounds[3 * i], bounds[3 * i + 1], width, values + first * width, room, &needed, place);
+                if (times)
+                    times[4 * i + 3] = monotonic_ns();
                 if (needed > room)
                     overfull = i;
                 if (bad >= 0) {
@@ -769,7 +808,7 @@ PyMethodDef methods[] = {
      "Parse the non-blank lines of data[start:end] as `width` numbers each into the float64 buffer\n"
      "`out`; -1 if all were good, else the index among the non-blank lines of the first bad one."},
     {"parse_pieces", parse_pieces, METH_VARARGS,
-     "parse_pieces(pool, data, pieces, width, out[, bound, first_row, matrix_rows, separated]) -> int\n\n"
+     "parse_pieces(pool, data, pieces, width, out[, bound, first_row, matrix_rows, separated, times]) -> int\n\n"
      "parse_rows for every piece of `pieces` (an int64 array of (start, end, first row) triples; a piece's rows run to the next\n"
      "piece's first row, the last's to the end of `out`), on the pool's threads; -1 if all were good, else the first bad piece."},
     {"format_rows", format_rows, METH_O,

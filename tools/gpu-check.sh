@@ -21,6 +21,8 @@
 #   cpu       cnnlab bench's cpu and reader rows on every core and on one: the forward against the memory bound, the
 #             plain loop, numpy and PyTorch on the CPU; the CSV reader against numpy.loadtxt and Polars
 #   cpujob    30,000 CSV images (5.6 GB, page cache): cnnlab cpu's wall time, three runs, against cuda's, outputs compared
+#   trace     the same job in cpu and cuda mode without and with --trace, three runs each in turns (the loop's seconds and
+#             their ratio: tools/trace_overhead.py), a trace of each drawn by trace-plot into $OUT, and tests/test_trace.py
 #   two       rung 12 (the card's two kernels, rung 9's conv and rung 7's dense) at several pass sizes beside rungs 6
 #             and 7, each kernel alone, and the resident row with each (tools/ladder_sweep.py two)
 #   dask      the Dask path's tests (a local cluster of worker processes, the cuda backend among them), and the Dask
@@ -57,6 +59,11 @@ python3 setup.py -q build_ext --inplace 2>&1 | tail -3 || exit 2
 python3 build.py --force || exit 2
 cnnlab() { python3 -m cnnlab "$@"; }
 for mode in cpu cuda; do cnnlab $mode "data/cnn.csv" "data/in.csv" "$WORK/warm.csv" > /dev/null 2>&1; done
+job30k() {  # the 30,000-image CSV job (5.6 GB) in $WORK/job, in the page cache: the lab's data at scale
+  cnnlab generate --images 10000 --seed 459 --out-dir "$WORK/job"
+  (echo 30000; for _ in 1 2 3; do tail -n +2 "$WORK/job/in.csv"; done) > "$WORK/job/in30k.csv"
+  cat "$WORK/job/in30k.csv" > /dev/null
+}
 timed() { /usr/bin/time -f "$1: wall %e s, peak RSS %M KB" "${@:2}"; }
 random_npy() {  # random_npy PATH N: N fresh images, uniform in [-10, 10], written in blocks
   python3 -c "
@@ -176,9 +183,7 @@ for stage in $stages; do
         cnnlab bench --rows cpu,reader --threads "$threads" --json "$OUT/cpu_$threads.json" 2>&1 | tee -a "$OUT/cpu.log" || status=1
       done ;;
     cpujob)
-      cnnlab generate --images 10000 --seed 459 --out-dir "$WORK/job"
-      (echo 30000; for _ in 1 2 3; do tail -n +2 "$WORK/job/in.csv"; done) > "$WORK/job/in30k.csv"
-      cat "$WORK/job/in30k.csv" > /dev/null  # in the page cache
+      job30k
       {
         ls -l "$WORK/job/in30k.csv"
         for run in 1 2 3; do
@@ -195,6 +200,16 @@ for stage in $stages; do
         python3 tools/profile_startup.py cuda "$WORK/job/cnn.csv" "$WORK/job/in30k.csv" "$WORK/job/out_cuda.csv" >/dev/null
         cnnlab compare "$WORK/job/out_cpu.csv" "$WORK/job/out_cuda.csv"
       } 2>&1 | tee "$OUT/cpujob.log" || status=1
+      rm -rf "$WORK/job" ;;
+    trace)
+      job30k
+      {
+        for mode in cpu cuda; do
+          python3 tools/trace_overhead.py $mode "$WORK/job/cnn.csv" "$WORK/job/in30k.csv" --runs 3 --trace "$OUT/trace-$mode.json.gz"
+          cnnlab trace-plot "$OUT/trace-$mode.json.gz" "$OUT/trace-$mode.png"
+        done
+        python3 -m pytest -q -rs -p no:cacheprovider tests/test_trace.py
+      } 2>&1 | tee "$OUT/trace.log" || status=1
       rm -rf "$WORK/job" ;;
     sweep)
       for config in "512 3" "2048 3" "512 3" "2048 3" "1024 3" "2048 4"; do

@@ -192,7 +192,7 @@ def format_table(report: BenchReport) -> str:
     return "\n".join(lines)
 
 
-def import_pyplot() -> Any:
+def import_pyplot(needed_by: str = "--plot") -> Any:
     """matplotlib's pyplot, drawing to files only; a UsageError saying how to install it where it is missing."""
     try:
         import matplotlib
@@ -200,7 +200,7 @@ def import_pyplot() -> Any:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise UsageError(f"--plot needs matplotlib: {install_command('plot')}") from None
+        raise UsageError(f"{needed_by} needs matplotlib: {install_command('plot')}") from None
     return plt
 
 

@@ -1,4 +1,4 @@
-"""The command line's commands: what `cnnlab cpu|cuda|convert|generate|compare|bench` each do, once parsed.
+"""The command line's commands: what `cnnlab cpu|cuda|convert|generate|compare|bench|trace-plot` each do, once parsed.
 
 Each takes the parsed arguments and returns the exit status; a problem is raised as one of cnnlab's
 errors, which main.py turns into one line.
@@ -7,6 +7,7 @@ errors, which main.py turns into one line.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,11 +16,14 @@ from cnnlab import interrupts
 from cnnlab.errors import STANDARD_STREAM, DeviceError, OutputFileError, UsageError, named, shown
 from cnnlab.files.labcsv import read_cnn
 from cnnlab.files.safety import AtomicOutput, OutputSet, output_target, refuse_same_file, writing
+from cnnlab.network import NO_TRACE, Tracer
 from cnnlab.resources import resource_dir
 from cnnlab.run import RunStats, make_backend, run_network
 
 if TYPE_CHECKING:
     from _typeshed import SupportsWrite
+
+    from cnnlab.trace.recorder import Recorder
 
 DEFAULT_OUTPUTS = {"cpu": Path("out/out.csv"), "cuda": Path("out/out_cuda.csv")}
 
@@ -52,34 +56,62 @@ def run(args: argparse.Namespace) -> int:
     cnn_path, input_path, output_path = files
     refuse_same_file(output_path, {"input file": input_path, "CNN file": cnn_path})
     output = output_target(output_path)  # a folder that cannot take the output is found before the run, not after it
-    if args.timing_json is not None:
-        timing = output_target(args.timing_json)
-        if output.descriptor is not None and timing.descriptor == output.descriptor:
-            raise UsageError(f"the output and --timing-json cannot both be written to descriptor {output.descriptor} (-)")
-        refuse_same_file(args.timing_json, {"input file": input_path, "CNN file": cnn_path, "output file": output_path})
+    others: dict[str, str | os.PathLike[str]] = {"input file": input_path, "CNN file": cnn_path, "output file": output_path}
+    for option, path in (("--timing-json", args.timing_json), ("--trace", args.trace)):
+        if path is not None:
+            target = output_target(path)
+            if output.descriptor is not None and target.descriptor == output.descriptor:
+                raise UsageError(f"the output and {option} cannot both be written to descriptor {output.descriptor} (-)")
+            refuse_same_file(path, others)
+            others[f"{option} file"] = path
     cnn = read_cnn(cnn_path)
     gpus = named_gpus(args.devices, args.device)
-    # Every write first (the outputs, --timing-json, the lab's line), every rename last: a failure or a signal anywhere
-    # before leaves each path as it was.
+    recorder = start_trace() if args.trace is not None else None
+    trace: Tracer = recorder or NO_TRACE
+    # Every write first (the outputs, --timing-json, --trace, the lab's line), every rename last: a failure or a signal
+    # anywhere before leaves each path as it was.
     with OutputSet() as together:
-        with make_backend(args.mode, cnn, args.batch, args.host_parse, args.kernel, args.threads, gpus) as backend:
+        with make_backend(args.mode, cnn, args.batch, args.host_parse, args.kernel, args.threads, gpus, trace) as backend:
             interrupts.raise_if_received()  # the backend's modules were imported just now
-            stats = run_network(backend, input_path, output_path, args.read_ahead, together)
+            stats = run_network(backend, input_path, output_path, args.read_ahead, together, trace)
             device = backend.device
         if args.timing_json is not None:
             with AtomicOutput(args.timing_json, together=together) as out:
                 write_timing_json(out, args.mode, device, stats)
+        if recorder is not None:
+            with AtomicOutput(args.trace, binary=True, together=together) as out:
+                write_trace(out, args, device, stats, recorder)
         # With the outputs on standard output (`-`, /dev/stdout), the lab's line goes to stderr: the outputs stay a clean file.
         say(f"{stats.work_microseconds} microseconds of actual work done", sys.stderr if output.descriptor == 1 else sys.stdout)
         flush_stdout()
     return 0
 
 
+def start_trace() -> Recorder:
+    """--trace's recorder, imported only where a trace is asked for."""
+    from cnnlab.trace.recorder import Recorder
+
+    return Recorder()
+
+
+def write_trace(out: Any, args: argparse.Namespace, device: str, stats: RunStats, trace: Recorder) -> None:
+    """--trace's file: the run's spans, with its figures (--timing-json's) as the trace's otherData; gzip-compressed where
+    the name ends in .gz."""
+    trace.metadata.update(timing_figures(args.mode, device, stats), kernel=args.kernel, threads=args.threads, argv=sys.argv[1:])
+    trace.write(out, compress=os.fspath(args.trace).endswith(".gz"))
+
+
 def write_timing_json(out: Any, mode: str, device: str, stats: RunStats) -> None:
     """--timing-json's figures of a run, as a JSON object."""
     import json  # here: 2 ms of every other run's start-up
 
-    figures = {
+    json.dump(timing_figures(mode, device, stats), out, indent=2)
+    out.write("\n")
+
+
+def timing_figures(mode: str, device: str, stats: RunStats) -> dict[str, Any]:
+    """A run's figures, as --timing-json writes them."""
+    return {
         "mode": mode,
         "device": device,
         "images": stats.images,
@@ -91,8 +123,6 @@ def write_timing_json(out: Any, mode: str, device: str, stats: RunStats) -> None
         "loop_images_per_second": stats.images / stats.loop_seconds,
         "startup_seconds": stats.startup_seconds,
     }
-    json.dump(figures, out, indent=2)
-    out.write("\n")
 
 
 def convert(args: argparse.Namespace) -> int:
@@ -162,6 +192,26 @@ def bench(args: argparse.Namespace) -> int:
     report = run_bench(options, args.seed)
     say(format_table(report))
     write_report(report, args.json, args.plot)
+    return 0
+
+
+def trace_plot(args: argparse.Namespace) -> int:
+    import io
+
+    from cnnlab.bench.report import import_pyplot
+    from cnnlab.trace.plot import describe, draw, load_trace, summarize
+
+    refuse_same_file(args.png, {"trace file": args.trace})
+    output_target(args.png)
+    plt = import_pyplot("trace-plot")
+    summary = summarize(load_trace(args.trace))
+    figure = draw(summary, plt)
+    image = io.BytesIO()
+    figure.savefig(image, format="png", dpi=args.dpi)
+    plt.close(figure)
+    with AtomicOutput(args.png, binary=True) as out:
+        out.write(image.getvalue())
+    say(describe(summary))
     return 0
 
 

@@ -106,6 +106,7 @@ HELP = {
     "convert": "convert an input or output file between CSV and .npy, exactly",
     "compare": "check two output files agree (the lab's compare.py)",
     "bench": "measure every path in images/s against the hardware's bounds",
+    "trace-plot": "draw a --trace file's tracks as a Gantt chart, with each resource's busy share",
 }
 
 
@@ -122,6 +123,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "convert": _add_convert,
         "compare": _add_compare,
         "bench": _add_bench,
+        "trace-plot": _add_trace_plot,
     }
     for name, add in builders.items():
         if command in (None, name) or command not in builders:
@@ -156,6 +158,12 @@ def _add_run(subcommands: Any, mode: str) -> None:
         + " (default: OMP_NUM_THREADS where set, else every core this process may run on)",
     )
     run.add_argument("--timing-json", metavar="PATH", help="also write the run's figures as JSON")
+    run.add_argument(
+        "--trace",
+        metavar="FILE.json",
+        help="also write the run's spans (every thread" + (", stream and kernel" if mode == "cuda" else "")
+        + ") in the Chrome trace-event format, for Perfetto or chrome://tracing; a .json.gz name compresses it (docs/trace.md)",
+    )
     # Reading ahead overlaps the next batch's reading with this one's compute: the GPU's, or the CPU's forward, now a few
     # percent of reading CSV (measured on 2 and 16 cores); a .npy batch is copied while the last is computed, in cache.
     run.add_argument(
@@ -279,3 +287,19 @@ def _add_bench(subcommands: Any) -> None:
         help="draw each row's images/s against its bound, and with a GPU the batch sweep (needs matplotlib: the plot extra)",
     )
     bench.set_defaults(handler=commands.bench)
+
+
+def _add_trace_plot(subcommands: Any) -> None:
+    """`cnnlab trace-plot`."""
+    plot = subcommands.add_parser(
+        "trace-plot",
+        help=HELP["trace-plot"],
+        description="Draw the tracks of a file `cnnlab cpu|cuda --trace` wrote (.json or .json.gz) as a Gantt chart: a row per "
+        "thread and stream, spans colored by kind (read, parse, compute, kernel, copies, reduce, write), each resource's busy "
+        "share of the loop in the legend, and each row's GB/s where its spans carry bytes; the busy shares are printed too "
+        "(docs/trace.md). Needs matplotlib: the plot extra.",
+    )
+    plot.add_argument("trace", metavar="TRACE")
+    plot.add_argument("png", metavar="PNG")
+    plot.add_argument("--dpi", type=_positive_int, default=100, help="the picture's dots per inch (default 100)")
+    plot.set_defaults(handler=commands.trace_plot)

@@ -43,7 +43,18 @@ from cnnlab.cuda.launchers import KERNEL_BUILD, Launcher
 from cnnlab.cuda.memory import Allocator, HostCopier, is_page_locked
 from cnnlab.cuda.nvcc import ensure_modules
 from cnnlab.errors import ArrayError, DeviceError, UsageError
-from cnnlab.network import INPUT_DIM, OUT_LAYER_SIZE, Cnn, ImageBatch, OutputBatch, TextBatching, default_threads, require_finite
+from cnnlab.network import (
+    INPUT_DIM,
+    NO_TRACE,
+    OUT_LAYER_SIZE,
+    Cnn,
+    ImageBatch,
+    OutputBatch,
+    TextBatching,
+    Tracer,
+    default_threads,
+    require_finite,
+)
 
 if TYPE_CHECKING:
     from cnnlab.files.csv_reader import CsvBatch
@@ -79,14 +90,14 @@ class CudaContext:
 
     def __init__(
         self, cnn: Cnn, batch_size: int | None = None, config: LaunchConfig | None = None, parse_csv: bool = True,
-        threads: int | None = None, device: int = 0,
+        threads: int | None = None, device: int = 0, trace: Tracer = NO_TRACE,
     ) -> None:
         """Start the driver, load the kernels, put the weights on GPU `device` and make the lanes.
 
         `batch_size`: images per compute() call from the command line; `config`: how the work is spread;
         `parse_csv`: whether CSV text is parsed on the device (the command line's cuda mode); `threads`: the host
         threads that read the input and copy host arrays into page-locked memory (default: every core); `device`: which
-        GPU, counted from 0 as nvidia-smi does.
+        GPU, counted from 0 as nvidia-smi does; `trace`: what gets spans of the copies, kernels and reduction (--trace).
         """
         self.config = config or LaunchConfig()
         self._parse_csv = parse_csv  # CSV input parsed here on the device; False: by the host's reader
@@ -114,13 +125,13 @@ class CudaContext:
         try:
             self.device = gpu.name()
             with device_errors(f"cannot load {modules.cnn}"):
-                self._module = driver.module_from_file(str(modules.cnn))
-                self._csv_module = driver.module_from_file(str(modules.csv))
+                self._module = trace.launches(driver.module_from_file(str(modules.cnn)))
+                self._csv_module = trace.launches(driver.module_from_file(str(modules.csv)))
                 driver.memcpy_htod(self._module.get_global("filters")[0], cnn.filters)
                 self._weights = self.memory.device(cnn.weights.nbytes)
                 driver.memcpy_htod(self._weights, cnn.weights)
             with device_errors(f"cannot load kernel {self.config.kernel}"):
-                self.setup = DeviceSetup(driver, gpu, self.memory, cnn, self._weights)
+                self.setup = DeviceSetup(driver, gpu, self.memory, cnn, self._weights, trace)
                 self.setup.add_module(KERNEL_BUILD, self._module)
                 self._launcher: Launcher = launcher(self.config.kernel, self.setup, self.config)
                 self._sum_segments = SumSegments(self._module, self.setup.sm_count, self._launcher.segments)
@@ -128,7 +139,7 @@ class CudaContext:
             chunk = self.config.chunk_images or math.ceil(self.batch_size / self.config.streams)
             self._lanes = Lanes(
                 driver, self.memory, self._launcher, self.config.streams, chunk, self.config.lane_bytes_cap, self.setup.nonfinite,
-                find_nonfinite,
+                find_nonfinite, trace,
             )
         except BaseException:
             self.close()

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from cnnlab.cuda.nvcc import Build, ensure_fatbin
 from cnnlab.errors import DeviceError
-from cnnlab.network import Cnn
+from cnnlab.network import NO_TRACE, Cnn, Tracer
 
 if TYPE_CHECKING:
     from cnnlab.cuda.driver import DeviceAllocation, Driver, DriverDevice
@@ -17,11 +17,13 @@ if TYPE_CHECKING:
 class DeviceSetup:
     """What a launcher needs of the context: the device's limits, the weights on the device, and the
     rungs' modules, each built (where stale) and loaded on first need, with the filters copied into
-    its constant memory where it has them."""
+    its constant memory where it has them; where `trace` records, each kernel's launches are spans on their streams."""
 
-    def __init__(self, driver: Driver, device: DriverDevice, memory: Allocator, cnn: Cnn, weights: DeviceAllocation) -> None:
+    def __init__(
+        self, driver: Driver, device: DriverDevice, memory: Allocator, cnn: Cnn, weights: DeviceAllocation, trace: Tracer = NO_TRACE
+    ) -> None:
         attribute = driver.device_attribute
-        self.driver, self.memory, self.cnn, self.weights = driver, memory, cnn, weights
+        self.driver, self.memory, self.cnn, self.weights, self._trace = driver, memory, cnn, weights, trace
         self.sm_count = device.get_attribute(attribute.MULTIPROCESSOR_COUNT)
         self.capability: tuple[int, int] = device.compute_capability()
         self.shared_per_block = device.get_attribute(attribute.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
@@ -33,7 +35,7 @@ class DeviceSetup:
     def module(self, build: Build) -> Any:
         key = (build.source, build.variant)
         if key not in self._modules:
-            module = self.driver.module_from_file(str(ensure_fatbin(build)))
+            module = self._trace.launches(self.driver.module_from_file(str(ensure_fatbin(build))))
             try:
                 symbol = module.get_global("filters")[0]
             except self.driver.Error:  # no such symbol: this source reads its filters from global memory

@@ -26,7 +26,7 @@ from cnnlab.cuda.kernels import FindNonFinite, SumSegments
 from cnnlab.cuda.launchers import Launcher, activation_images
 from cnnlab.cuda.memory import Allocator, HostCopier
 from cnnlab.errors import DeviceError
-from cnnlab.network import IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM, OutputBatch, nonfinite_error
+from cnnlab.network import IMAGE_BYTES, INPUT_DIM, NO_TRACE, OUT_LAYER_SIZE, OUT_NEURON_DIM, OutputBatch, Tracer, nonfinite_error
 
 
 def lane_bytes(chunk: int, launcher: Launcher) -> int:
@@ -38,9 +38,9 @@ def lane_bytes(chunk: int, launcher: Launcher) -> int:
 class Lane:
     """A stream and the device buffers of one chunk: its images in, the rung's kernels, its partials out."""
 
-    def __init__(self, driver: Driver, memory: Allocator, chunk: int, launcher: Launcher) -> None:
+    def __init__(self, driver: Driver, memory: Allocator, chunk: int, launcher: Launcher, trace: Tracer = NO_TRACE) -> None:
         self.stream = driver.Stream()
-        self.driver, self.memory, self.chunk = driver, memory, chunk
+        self.driver, self.memory, self.chunk, self.trace = driver, memory, chunk, trace
         self.images = memory.device(chunk * IMAGE_BYTES)
         activations = activation_images(launcher, chunk)
         self.conv_out = memory.device(activations * OUT_NEURON_DIM * 8) if activations else None
@@ -58,7 +58,8 @@ class Lane:
 
     def copy_in(self, images: np.ndarray) -> None:
         """Queue the copy of page-locked `images` to the lane's device buffer."""
-        self.driver.memcpy_htod_async(self.images, images, self.stream)
+        with self.trace.span("copy in", self.stream, bytes=images.nbytes):
+            self.driver.memcpy_htod_async(self.images, images, self.stream)
         # A slice of the staging buffer has the buffer itself as its base, not the buffer's base (numpy stops
         # collapsing views at an owner that is not an array): ask whether the memory is the staging buffer's.
         if self._staging is not None and np.may_share_memory(images, self._staging):
@@ -69,7 +70,8 @@ class Lane:
 
     def copy_out(self, partials: np.ndarray, done: Any) -> None:
         """Copy the chunk's partials to page-locked `partials` and record `done` when they are there."""
-        self.driver.memcpy_dtoh_async(partials, self.partials, self.stream)
+        with self.trace.span("copy out", self.stream, bytes=partials.nbytes):
+            self.driver.memcpy_dtoh_async(partials, self.partials, self.stream)
         done.record(self.stream)
 
     def free(self) -> None:
@@ -155,7 +157,8 @@ class CsvText:
                 lane.text.free()
             lane.text = CsvOnDevice(lane, self._module, max(nbytes, 1 << 20), lane.chunk * INPUT_DIM)
         text = lane.text
-        lane.driver.memcpy_htod_async(text.text, piece.data[piece.start : piece.end], lane.stream)
+        with lane.trace.span("copy text in", lane.stream, bytes=nbytes):
+            lane.driver.memcpy_htod_async(text.text, piece.data[piece.start : piece.end], lane.stream)
         first_row = self._batch.first_row(index, self._chunk)
         text.parser.parse(lane.stream, text.text, nbytes, lane.images, 0, piece.rows, text.status, self._batch.layout, first_row)
         text.parser.fetch_status(lane.stream, text.host_status, text.status)
@@ -185,8 +188,8 @@ class HostOutputs:
     """Each chunk's partials copied to page-locked host memory and added up there with numpy, while later
     chunks are still on the device; `values` holds the outputs once finish() returns."""
 
-    def __init__(self, partials: np.ndarray, done: list[Any], count: int, chunk: int) -> None:
-        self._partials, self._done, self._chunk = partials, done, chunk
+    def __init__(self, partials: np.ndarray, done: list[Any], count: int, chunk: int, trace: Tracer = NO_TRACE) -> None:
+        self._partials, self._done, self._chunk, self._trace = partials, done, chunk, trace
         self.values = np.empty((math.ceil(count / chunk) * chunk, OUT_LAYER_SIZE))
 
     def take(self, lane: Lane, index: int, count: int) -> None:
@@ -195,9 +198,11 @@ class HostOutputs:
     def finish(self, lanes: list[Lane]) -> None:
         chunk = self._chunk
         for index in range(len(self.values) // chunk):
-            self._done[index].synchronize()
+            with self._trace.span("wait for chunk", chunk=index):
+                self._done[index].synchronize()
             # Sum over the segments axis (the leading one): numpy adds whole rows in segment order.
-            np.sum(self._partials[index, :, :chunk], axis=0, out=self.values[index * chunk : (index + 1) * chunk])
+            with self._trace.span("reduce", chunk=index, images=chunk):
+                np.sum(self._partials[index, :, :chunk], axis=0, out=self.values[index * chunk : (index + 1) * chunk])
 
 
 class DeviceOutputs:
@@ -220,11 +225,12 @@ class Lanes:
 
     def __init__(
         self, driver: Driver, memory: Allocator, launcher: Launcher, streams: int, chunk: int, cap: int | None,
-        nonfinite: Any, find_nonfinite: FindNonFinite,
+        nonfinite: Any, find_nonfinite: FindNonFinite, trace: Tracer = NO_TRACE,
     ) -> None:
         """`streams` lanes of `chunk` images, the chunk halved until their device buffers fit (or fit under `cap` bytes);
-        `nonfinite`: the device flag the kernels set where an image value is a NaN or an infinity."""
-        self._driver, self._memory, self._launcher = driver, memory, launcher
+        `nonfinite`: the device flag the kernels set where an image value is a NaN or an infinity; `trace` gets spans of
+        each chunk's copies and kernels on its lane's stream, and of the host's waits and reduction."""
+        self._driver, self._memory, self._launcher, self._trace = driver, memory, launcher, trace
         self._nonfinite, self._find_nonfinite = nonfinite, find_nonfinite
         self._host_partials: np.ndarray | None = None  # page-locked (chunks, segments, chunk, 10), grown as needed
         self._chunk_done: list[Any] = []  # an event per chunk: its partials are on the host
@@ -236,7 +242,7 @@ class Lanes:
                     raise DeviceError(f"{streams} lanes of {self.chunk} images need more than {cap} bytes")
                 with device_errors("cannot allocate device buffers"):
                     for _ in range(streams):
-                        self.lanes.append(Lane(driver, memory, self.chunk, launcher))
+                        self.lanes.append(Lane(driver, memory, self.chunk, launcher, trace))
                 return
             except DeviceError:
                 self.free()
@@ -250,7 +256,7 @@ class Lanes:
     def run(self, count: int, source: ChunkSource, chunk: int | None = None, check_finite: bool = False) -> OutputBatch:
         """The outputs of `count` images from `source`, added up on the host as each chunk's partials arrive."""
         chunk = chunk or self.chunk
-        outputs = HostOutputs(self._partials_for(math.ceil(count / chunk)), self._chunk_done, count, chunk)
+        outputs = HostOutputs(self._partials_for(math.ceil(count / chunk)), self._chunk_done, count, chunk, self._trace)
         self.schedule(count, source, chunk, outputs, check_finite)
         return OutputBatch(outputs.values[:count])
 
@@ -260,7 +266,7 @@ class Lanes:
         queued and `outputs` takes its partials. `check_finite`: raise ArrayError if any image value
         was a NaN or an infinity (found by conv2d_relu as it loads them, or, for a rung whose kernels make
         no such check, by find_nonfinite before them)."""
-        lanes = len(self.lanes)
+        lanes, trace = len(self.lanes), self._trace
         chunks = math.ceil(count / chunk)
         flag = np.zeros(1, np.int32)
         separate_check = check_finite and not self._launcher.checks_finite
@@ -270,15 +276,23 @@ class Lanes:
             for first in range(0, chunks, lanes):
                 round_ = range(first, min(first + lanes, chunks))
                 for index in round_:
-                    source.start(self.lanes[index % lanes], index)
+                    lane = self.lanes[index % lanes]
+                    with trace.span("chunk in", lane.stream, chunk=index, images=min(chunk, count - index * chunk)):
+                        source.start(lane, index)
                 for index in round_:
                     lane = self.lanes[index % lanes]
-                    images, address = min(chunk, count - index * chunk), source.images(lane, index)
-                    if separate_check:
-                        self._find_nonfinite(lane.stream, address, images, self._nonfinite)
-                    lane.run(self._launcher, address, images)
-                    outputs.take(lane, index, images)
+                    images = min(chunk, count - index * chunk)
+                    with trace.span("images ready", chunk=index):
+                        address = source.images(lane, index)
+                    with trace.span("kernels", lane.stream, chunk=index, images=images):
+                        if separate_check:
+                            self._find_nonfinite(lane.stream, address, images, self._nonfinite)
+                        lane.run(self._launcher, address, images)
+                    with trace.span("chunk out", lane.stream, chunk=index, images=images):
+                        outputs.take(lane, index, images)
             outputs.finish(self.lanes)
+            for lane in self.lanes:
+                trace.settle(lane.stream)
             if check_finite:
                 self._driver.memcpy_dtoh(flag, self._nonfinite)
         if flag[0]:

@@ -42,10 +42,11 @@ def parse_rows(
 
 def parse_pieces(
     pool: Pool, data: Bytes, pieces: npt.NDArray[np.int64], width: int, out: Floats, bound: int = ..., first_row: int = ...,
-    matrix_rows: int = ..., separated: bool = ..., /,
+    matrix_rows: int = ..., separated: bool = ..., times: npt.NDArray[np.int64] | None = ..., /,
 ) -> int:
     """parse_rows for every piece of `pieces` (an int64 array of (start, end, first row) triples), on the pool's threads;
-    -1 if all were good, else the first bad piece."""
+    -1 if all were good, else the first bad piece. `times` (a trace's): an int64 array of a row per piece, filled with
+    (pool worker, thread id, start ns, end ns) on CLOCK_MONOTONIC, time.perf_counter_ns's clock."""
 
 def format_rows(values: Floats, /) -> str:
     """A C-contiguous 2-D float64 array as CSV lines, each value as repr() writes it."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import stat
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -17,10 +17,10 @@ import numpy as np
 
 from cnnlab.errors import InputFileError
 from cnnlab.files.inputs import open_for_reading
-from cnnlab.files.lines import Span, native, scan_rows, warn_if_slow
+from cnnlab.files.lines import Span, SpanAhead, native, scan_rows, warn_if_slow
 from cnnlab.files.rows import Layout, RowPlace, check_text, cut_row, parse_rows, shorten
 from cnnlab.files.text import READ_BYTES, TextMemory, TextSource
-from cnnlab.network import INPUT_DIM, default_threads, unsized_capacity
+from cnnlab.network import INPUT_DIM, NO_TRACE, Tracer, default_threads, unsized_capacity
 
 # Images per parse task in Python (no native parser): a block of ~3 MB of text, large enough to amortise a task.
 PARSE_IMAGES = 16
@@ -98,10 +98,13 @@ class CsvImageReader:
 
     values_finite = True  # the parsers refuse a NaN, an infinity or a value that overflows
 
-    def __init__(self, path: str | os.PathLike, threads: int | None = None, memory: TextMemory | None = None) -> None:
+    def __init__(
+        self, path: str | os.PathLike, threads: int | None = None, memory: TextMemory | None = None, trace: Tracer = NO_TRACE
+    ) -> None:
         from concurrent.futures import ThreadPoolExecutor  # here: with logging, ~4 ms of a start-up that reads no CSV
 
         self.path = path
+        self._trace = trace
         threads = threads or default_threads()
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="cnnlab-parse")
         self._taken: SpanAhead | None = None  # the next read_into()'s span, taken while this one's parses
@@ -111,7 +114,7 @@ class CsvImageReader:
             self.stop = threading.Event()  # set when the run stops: a read waiting on a pipe gives up
             # Parsed here, the text is read ahead on a quarter of the threads, the parse taking every core meanwhile.
             ahead = threads if memory is not None else max(1, threads // READ_AHEAD_SHARE)
-            self._source = TextSource(path, self._file, memory, self._pool, threads, self.stop, ahead)
+            self._source = TextSource(path, self._file, memory, self._pool, threads, self.stop, ahead, trace)
             self.count = self._read_count()
             status = os.fstat(self._file.fileno())
             # The first guess, no more than a row of repr's longest values: a file mostly past its N images (a line of
@@ -153,11 +156,12 @@ class CsvImageReader:
         these parse: taking a span (the hand-over of what was read ahead, and its cut) is a tenth of the reader's
         time, which every parsing core but one would otherwise wait through."""
         wanted = max(0, min(len(out), self.count - self.images_read))
-        span = self._take(wanted)
+        with self._trace.span("take", images=wanted):
+            span = self._take(wanted)
         then = max(0, min(next_images, self.count - self.images_read - wanted))
         if then and span.rows == wanted * INPUT_DIM:
-            self._taken = SpanAhead(self._take_now, then)
-        with self._truncation(span, wanted):
+            self._taken = SpanAhead(self._take_now, then, self._trace)
+        with self._truncation(span, wanted), self._trace.span("parse", images=wanted, bytes=span.end - span.start):
             self._parse(span, out.reshape(-1))
         self.images_read += wanted
         return wanted
@@ -195,8 +199,12 @@ class CsvImageReader:
         if native is not None and self._parsers is not None:
             runs = span.runs or _runs(span.pieces(PARSE_IMAGES * INPUT_DIM))
             place = self._place(span)
+            times = np.empty((len(runs), 4), np.int64) if self._trace.enabled else None  # each piece's thread and times
             bad = native.parse_pieces(self._parsers, span.data, np.array(runs, np.int64), INPUT_DIM, out[: span.rows * INPUT_DIM],
-                                      place.bound, place.first_row, INPUT_DIM, place.layout.separated)  # fmt: skip
+                                      place.bound, place.first_row, INPUT_DIM, place.layout.separated, times)  # fmt: skip
+            if times is not None:
+                for (start, end, _), (worker, tid, began, ended) in zip(runs, times.tolist()):
+                    self._trace.complete("parse piece", tid, began, ended, f"cnnlab-parse-native-{worker}", bytes=end - start)
             if bad >= 0:  # from the first piece it declined, in order, as parse_rows names a bad line
                 line = span.line_before + int(np.count_nonzero(span.data[span.start : runs[bad][0]] == ord("\n")))
                 for (start, end, before), after in zip(runs[bad:], [*(run[2] for run in runs[bad + 1 :]), span.rows]):
@@ -237,7 +245,8 @@ class CsvImageReader:
         wanted = max(0, min(images, self.count - self.images_read))
         if not wanted:
             return None
-        span = self._take_now(wanted, chunk * INPUT_DIM)
+        with self._trace.span("take", images=wanted):
+            span = self._take_now(wanted, chunk * INPUT_DIM)
         if span.rows < wanted * INPUT_DIM:
             with self._truncation(span, wanted):  # a bad line before the end comes first
                 parse_rows(self.path, span, INPUT_DIM, np.empty(span.rows * INPUT_DIM), self._place(span))
@@ -288,34 +297,6 @@ class CsvImageReader:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-class SpanAhead:
-    """The span of the next read_into()'s `images` images, taken by `take` on a thread of its own while this call's
-    parse: a daemon thread, so that a take waiting on a pipe never holds up the interpreter's exit."""
-
-    def __init__(self, take: Callable[[int], Span], images: int) -> None:
-        self.images = images
-        self._span: Span | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._take, args=(take,), name="cnnlab-take", daemon=True)
-        self._thread.start()
-
-    def _take(self, take: Callable[[int], Span]) -> None:
-        try:
-            self._span = take(self.images)
-        except BaseException as error:  # raised by result(), on the reader's thread
-            self._error = error
-
-    def wait(self) -> None:
-        self._thread.join()
-
-    def result(self) -> Span:
-        self.wait()
-        if self._error is not None:
-            raise self._error
-        assert self._span is not None
-        return self._span
 
 
 def file_ends(path: str | os.PathLike, count: int, rows: int, line: int | None, cut_short: bool = False) -> InputFileError:

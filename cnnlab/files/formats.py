@@ -13,7 +13,7 @@ import numpy as np
 from cnnlab.files import csv_reader, labcsv, npy
 from cnnlab.files.safety import OutputSet
 from cnnlab.files.text import TextMemory
-from cnnlab.network import OutputBatch
+from cnnlab.network import NO_TRACE, OutputBatch, Tracer
 
 if TYPE_CHECKING:
     from typing import Self
@@ -64,10 +64,12 @@ def is_npy(path: str | os.PathLike) -> bool:
     return Path(path).suffix.lower() == ".npy"
 
 
-def open_images(path: str | os.PathLike, text_memory: TextMemory | None = None, threads: int | None = None) -> ImageReader:
+def open_images(
+    path: str | os.PathLike, text_memory: TextMemory | None = None, threads: int | None = None, trace: Tracer = NO_TRACE
+) -> ImageReader:
     """The reader for an input file of either format, reading on `threads` threads (default: every core), CSV text into
-    `text_memory`'s windows where given."""
-    return npy.NpyImageReader(path, threads) if is_npy(path) else csv_reader.CsvImageReader(path, threads, text_memory)
+    `text_memory`'s windows where given; a CSV reader's reads, takes and parses tell `trace` their time."""
+    return npy.NpyImageReader(path, threads) if is_npy(path) else csv_reader.CsvImageReader(path, threads, text_memory, trace)
 
 
 def open_outputs(path: str | os.PathLike, count: int, together: OutputSet | None = None) -> OutputWriter:

@@ -8,11 +8,15 @@ where it was not built, the pure-Python twins below follow the same rules, slowl
 from __future__ import annotations
 
 import sys
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
+
+from cnnlab.network import NO_TRACE, Tracer
 
 if TYPE_CHECKING:  # concurrent.futures (with logging) is imported by the readers that make pools: not at every start
     from concurrent.futures import Executor
@@ -57,6 +61,36 @@ class Span:
         if self.cuts and self.cuts[0].rows == min(rows, self.rows):  # cut by `rows` already (every piece but the last holds `every`)
             return list(self.cuts)
         return spans_of(self.data, self.start, self.line_before, cut_rows(self.data[: self.end], self.start, self.rows, rows))
+
+
+class SpanAhead:
+    """The span of the next read_into()'s `images` images, taken by `take` on a thread of its own while this call's
+    parse: a daemon thread, so that a take waiting on a pipe never holds up the interpreter's exit."""
+
+    def __init__(self, take: Callable[[int], Span], images: int, trace: Tracer = NO_TRACE) -> None:
+        self.images = images
+        self._trace = trace
+        self._span: Span | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._take, args=(take,), name="cnnlab-take", daemon=True)
+        self._thread.start()
+
+    def _take(self, take: Callable[[int], Span]) -> None:
+        try:
+            with self._trace.span("take ahead", images=self.images):
+                self._span = take(self.images)
+        except BaseException as error:  # raised by result(), on the reader's thread
+            self._error = error
+
+    def wait(self) -> None:
+        self._thread.join()
+
+    def result(self) -> Span:
+        self.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._span is not None
+        return self._span
 
 
 class LineTooLong(ValueError):

@@ -31,7 +31,7 @@ from cnnlab.files.lines import (
     spans_of,
     summarize,
 )
-from cnnlab.network import own_pages
+from cnnlab.network import NO_TRACE, Tracer, own_pages
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor, Future
@@ -83,8 +83,10 @@ class TextSource:
         threads: int = 1,
         stop: threading.Event | None = None,
         ahead_threads: int | None = None,
+        trace: Tracer = NO_TRACE,
     ) -> None:
         self.path = path
+        self._trace = trace  # a span per read of the file
         self._file = file
         self._stop = stop  # set by whoever reads ahead of us when it stops: a wait on a pipe then ends
         self._memory = memory or HostMemory()
@@ -268,10 +270,12 @@ class TextSource:
         the source's), each thread summarizing its part as it lands (natively; else read on the pool, then summarized)."""
         fd, threads = self._file.fileno(), threads or self._threads
         if native is not None:
-            count, parts = native.read_summarized(fd, window, at, wanted, offset, threads)
+            with self._trace.span("read", bytes=wanted, offset=offset):
+                count, parts = native.read_summarized(fd, window, at, wanted, offset, threads)
             return count, [Lines(*part) for part in parts]
         assert self._pool is not None
-        count = read_at(fd, window.data[at : at + wanted], offset, self._pool, threads)
+        with self._trace.span("read", bytes=wanted, offset=offset):
+            count = read_at(fd, window.data[at : at + wanted], offset, self._pool, threads)
         return count, [summarize(window, at, at + count)] if count else []
 
     def close(self) -> None:

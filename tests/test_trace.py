@@ -1,0 +1,165 @@
+"""--trace and trace-plot end to end: the file follows the trace-event format's rules (phases, fields, timestamps, spans
+nested per track), the main loop's spans cover its time, the run's outputs do not change, a failed run leaves no
+trace, a run without --trace imports nothing of it; on a GPU, each stream's copies and the rung's kernels."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import SUBPROCESS_ENV, assert_one_line_error, cnnlab, random_cnn, why_no_gpu, write_files
+
+WHY_NO_GPU = why_no_gpu()
+# Nanoseconds become microseconds in floats: a span's end, ts + dur, may pass its parent's by a rounding.
+ROUNDING_US = 1e-3
+
+
+def assert_trace_format(trace: dict[str, Any]) -> dict[tuple[int, int], str]:
+    """The format's rules for what a Recorder writes: complete (X) events with a name, ts, dur >= 0, pid and tid;
+    metadata (M) events naming processes and threads; spans of one track nested, never partly overlapping. Returns the
+    tracks' names."""
+    events = trace["traceEvents"]
+    assert isinstance(events, list) and events
+    names, spans = {}, {}
+    for event in events:
+        assert event["ph"] in ("X", "M"), event
+        assert isinstance(event["pid"], int) and isinstance(event["tid"], int) and isinstance(event["name"], str), event
+        if event["ph"] == "M":
+            assert event["name"] in ("process_name", "thread_name", "thread_sort_index"), event
+            if event["name"] == "thread_name":
+                names[(event["pid"], event["tid"])] = event["args"]["name"]
+            continue
+        assert isinstance(event["ts"], int | float) and isinstance(event["dur"], int | float), event
+        assert event["dur"] >= 0, event
+        spans.setdefault((event["pid"], event["tid"]), []).append(event)
+    for track, events_of_track in spans.items():
+        assert track in names, f"track {track} has no thread_name"
+        stack: list[float] = []  # the ends of the spans open at this point
+        for event in sorted(events_of_track, key=lambda event: (event["ts"], -event["dur"])):
+            while stack and stack[-1] <= event["ts"] + ROUNDING_US:
+                stack.pop()
+            end = event["ts"] + event["dur"]
+            assert not stack or end <= stack[-1] + ROUNDING_US, f"{event} overlaps the span around it on {names[track]}"
+            stack.append(end)
+    return names
+
+
+def spans_named(trace: dict[str, Any], names: dict[tuple[int, int], str], track: str) -> list[dict[str, Any]]:
+    return [event for event in trace["traceEvents"] if event["ph"] == "X" and names.get((event["pid"], event["tid"])) == track]
+
+
+def coverage(spans: list[dict[str, Any]], within: dict[str, Any]) -> float:
+    """The share of span `within` that the spans directly inside it (on its track) cover."""
+    start, end = within["ts"], within["ts"] + within["dur"]
+    inside = sorted((s["ts"], s["ts"] + s["dur"]) for s in spans if start <= s["ts"] and s["ts"] + s["dur"] <= end + ROUNDING_US)
+    covered, reach = 0.0, start
+    for begin, finish in inside:
+        if finish > reach:
+            covered += finish - max(begin, reach)
+            reach = finish
+    return covered / within["dur"]
+
+
+@pytest.fixture
+def files(tmp_path: Path, rng: np.random.Generator) -> tuple[Path, Path]:
+    images = rng.uniform(-10, 10, (300, 100, 100))
+    return write_files(tmp_path, random_cnn(rng), images)
+
+
+def test_cpu_trace_follows_the_format_and_changes_no_output(files: tuple[Path, Path], tmp_path: Path) -> None:
+    cnn_path, input_path = files
+    traced = cnnlab("cpu", cnn_path, input_path, tmp_path / "traced.csv", "--threads", "2", "--batch", "64", "--trace", tmp_path / "t.json")
+    assert traced.returncode == 0, traced.stderr
+    plain = cnnlab("cpu", cnn_path, input_path, tmp_path / "plain.csv", "--threads", "2", "--batch", "64")
+    assert plain.returncode == 0, plain.stderr
+    assert (tmp_path / "traced.csv").read_bytes() == (tmp_path / "plain.csv").read_bytes()
+    trace = json.loads((tmp_path / "t.json").read_text())
+    names = assert_trace_format(trace)
+    assert {"main loop", "cnnlab-reader", "cnnlab-parse-native-1"} <= set(names.values())
+    assert trace["otherData"]["mode"] == "cpu" and trace["otherData"]["images"] == 300
+    main = spans_named(trace, names, "main loop")
+    [loop] = [span for span in main if span["name"] == "loop"]
+    batches = [span for span in main if span["name"] == "batch"]
+    assert [span["args"]["batch"] for span in batches] == list(range(5)) and sum(span["args"]["images"] for span in batches) == 300
+    assert {"compute", "write", "wait for batch"} <= {span["name"] for span in main}
+    assert coverage([span for span in main if span["name"] in ("batch", "wait for batch")], loop) >= 0.95
+    pieces = [event for event in trace["traceEvents"] if event["name"] == "parse piece"]
+    steps = [event for event in trace["traceEvents"] if event["name"] == "parse"]
+    assert sum(piece["args"]["bytes"] for piece in pieces) == sum(step["args"]["bytes"] for step in steps) > 0
+    assert {names[(piece["pid"], piece["tid"])] for piece in pieces} <= {"cnnlab-reader", "cnnlab-parse-native-1"}
+    # A native piece's times are on the Python spans' clock: inside the parse of its step, on the reader's track.
+    parses = spans_named(trace, names, "cnnlab-reader")
+    assert all(any(p["name"] == "parse" and p["ts"] <= piece["ts"] + ROUNDING_US and piece["ts"] + piece["dur"] <= p["ts"] + p["dur"]
+                   + ROUNDING_US for p in parses) for piece in pieces)  # fmt: skip
+
+
+def test_gz_name_compresses(files: tuple[Path, Path], tmp_path: Path) -> None:
+    result = cnnlab("cpu", *files, tmp_path / "out.csv", "--trace", tmp_path / "t.json.gz")
+    assert result.returncode == 0, result.stderr
+    assert_trace_format(json.loads(gzip.decompress((tmp_path / "t.json.gz").read_bytes())))
+
+
+def test_failed_run_leaves_no_trace(files: tuple[Path, Path], tmp_path: Path) -> None:
+    cnn_path, input_path = files
+    lines = input_path.read_text().splitlines(keepends=True)
+    lines[-5] = "oops," + lines[-5]  # a bad value in the last image: found after most of the run
+    input_path.write_text("".join(lines))
+    result = cnnlab("cpu", cnn_path, input_path, tmp_path / "out" / "out.csv", "--trace", tmp_path / "out" / "t.json")
+    assert "expected 100 comma-separated values" in assert_one_line_error(result)
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+def test_without_trace_nothing_of_it_is_imported(files: tuple[Path, Path], tmp_path: Path) -> None:
+    command = [sys.executable, "-X", "importtime", "-m", "cnnlab", "cpu", *map(str, files), str(tmp_path / "out.csv")]
+    result = subprocess.run(command, env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    imported = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if "|" in line]
+    assert "cnnlab.cli.commands" in imported  # the check sees cnnlab's modules
+    assert not [name for name in imported if name.startswith("cnnlab.trace") or name in ("nvtx", "gzip", "json")]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="matplotlib is not installed: the plot extra")
+def test_trace_plot_draws_the_tracks(files: tuple[Path, Path], tmp_path: Path) -> None:
+    assert cnnlab("cpu", *files, tmp_path / "out.csv", "--trace", tmp_path / "t.json").returncode == 0
+    result = cnnlab("trace-plot", tmp_path / "t.json", tmp_path / "t.png")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "busy share" in result.stdout and "parse" in result.stdout
+
+
+def test_trace_plot_refuses_what_is_not_a_trace(tmp_path: Path) -> None:
+    (tmp_path / "t.json").write_text('{"traceEvents": [{"ph": "X", "name": "x"}]}')
+    assert "event 0 is a span without" in assert_one_line_error(cnnlab("trace-plot", tmp_path / "t.json", tmp_path / "t.png"))
+    assert not (tmp_path / "t.png").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(WHY_NO_GPU is not None, reason=str(WHY_NO_GPU))
+@pytest.mark.parametrize("host_parse", [False, True], ids=["gpu-parse", "host-parse"])
+def test_cuda_trace_has_each_stream_s_copies_and_the_rung_s_kernels(files: tuple[Path, Path], tmp_path: Path, host_parse: bool) -> None:
+    options = ["--batch", "64", "--kernel", "two_kernels", *(["--host-parse"] if host_parse else [])]
+    result = cnnlab("cuda", *files, tmp_path / "out.csv", *options, "--trace", tmp_path / "t.json")
+    assert result.returncode == 0, result.stderr
+    trace = json.loads((tmp_path / "t.json").read_text())
+    names = assert_trace_format(trace)
+    streams = sorted(name for name in names.values() if name.startswith("stream "))
+    assert streams, names
+    gpu = [event for event in trace["traceEvents"] if event["ph"] == "X" and names[(event["pid"], event["tid"])] in streams]
+    kinds = {event["name"] for event in gpu}
+    assert {"conv_tiled", "dense_coarsened", "kernels", "copy out"} <= kinds
+    assert ("copy in" if host_parse else "copy text in") in kinds
+    if not host_parse:
+        assert {"csv_tile_summaries", "csv_parse_fields"} <= kinds
+    assert all("chunk" in event.get("args", {}) for event in gpu if event["name"] in ("conv_tiled", "dense_coarsened"))
+    # The events placed on the host's clock: inside the run's loop (its anchor is midway through a wait of microseconds).
+    [loop] = [event for event in trace["traceEvents"] if event["name"] == "loop"]
+    assert all(loop["ts"] - 100 <= event["ts"] and event["ts"] + event["dur"] <= loop["ts"] + loop["dur"] + 100 for event in gpu)
+    reduces = [event for event in trace["traceEvents"] if event["name"] == "reduce"]
+    assert reduces and names[(reduces[0]["pid"], reduces[0]["tid"])] == "main loop"
