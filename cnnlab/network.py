@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from cnnlab.errors import ArrayError, ResourceError, byte_size, memory_limit_note
+from cnnlab.errors import ArrayError, ResourceError, UsageError, byte_size, memory_limit_note
 
 if TYPE_CHECKING:
     from typing import Self
@@ -64,6 +64,10 @@ def network_sizes() -> dict[str, int]:
     }
 
 
+# The most threads a run may be asked for: far past any machine's cores, and inside the native pools' C int.
+MAX_THREADS = 1 << 16
+
+
 def default_threads() -> int:
     """The threads cnnlab runs on where none are named: OMP_NUM_THREADS where set (the knob numeric code obeys), else
     every core this process may run on (its affinity mask, as taskset and cgroups set it, not the machine's count)."""
@@ -71,6 +75,8 @@ def default_threads() -> int:
         threads = int(os.environ.get("OMP_NUM_THREADS", "").split(",")[0])
     except ValueError:
         threads = 0
+    if threads > MAX_THREADS:
+        raise UsageError(f"OMP_NUM_THREADS={threads}: more than the {MAX_THREADS} threads a run may have")
     return threads if threads > 0 else len(os.sched_getaffinity(0))
 
 

@@ -165,7 +165,7 @@ BAD_INPUTS = {
     "N zero": (lambda lines: ["0"] + lines[1:], 1, "positive integer"),
     "N negative": (lambda lines: ["-2"] + lines[1:], 1, "positive integer"),
     "N larger than the matrices": (lambda lines: ["3"] + lines[1:], 202, "file ends after 2 of the 3 images the first line announces"),
-    "N smaller than the matrices": (lambda lines: ["1"] + lines[1:], 103, "data after the 1 images the first line announces"),
+    "N smaller than the matrices": (lambda lines: ["1"] + lines[1:], 103, "data after the 1 image the first line announces"),
     "truncated last matrix": (lambda lines: lines[:150], 150, "file ends inside image 2 of the 2 the first line announces, after 48 of"),
     "last line cut short": (
         lambda lines: [*lines[:150], lines[150][:40]], 151, "inside image 2 of the 2 the first line announces: its row 49 is cut short"
@@ -186,5 +186,5 @@ BAD_INPUTS = {
     "overflow": (_with_line(9, lambda old: _line_of(["1e400"] + ["1"] * 99)), 10, "not a finite"),
     "underscore": (_with_line(9, lambda old: _line_of(["1_0"] + ["1"] * 99)), 10, "'1_0' is not a number"),
     "very long line": (_with_line(3, lambda old: "1," * 600000), 4, "line longer than"),
-    "N of 5,000 digits": (lambda lines: ["9" * 5000] + lines[1:], 1, "positive integer"),
+    "N of 5,000 digits": (lambda lines: ["9" * 5000] + lines[1:], 1, "images: more than any file holds"),
 }

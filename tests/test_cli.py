@@ -146,7 +146,7 @@ def test_help_everywhere(command: list[str]) -> None:
     [
         (lambda text: "", "empty file"),
         (lambda text: "3" + text[1:], "after 2 of the 3 images"),
-        (lambda text: "1" + text[1:], "data after the 1 images"),
+        (lambda text: "1" + text[1:], "data after the 1 image the first"),
         (lambda text: text.replace(",", ",,", 1), "expected 100 comma-separated values, found 101"),
         (lambda text: re.sub(r"\n[^,\n]+", "\nnan", text, count=1), "value 1 'nan' is not a finite number"),
         (lambda text: "\x00\xff" + text, "not a text file"),

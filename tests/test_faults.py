@@ -514,6 +514,29 @@ def test_n_with_a_plus_sign_is_accepted_as_rusts_usize_parser_did(tmp_path: Path
     assert "positive integer, not '++300'" in assert_one_line_error(cnnlab("cpu", cnn_path, plus, tmp_path / "out.csv"))
 
 
+def test_counts_past_any_file_are_one_line_each(tmp_path: Path, rng: np.random.Generator) -> None:
+    """Thread counts past a C int and counts of images of 19 digits or more are refused in one line, naming what."""
+    cnn_path, input_path = write_files(tmp_path, random_cnn(rng), random_values(rng, 2, 100, 100))
+    out = tmp_path / "out.csv"
+    for threads in ("2147483648", "99999999999999999999"):
+        message = assert_one_line_error(cnnlab("cpu", "--threads", threads, cnn_path, input_path, out))
+        assert f"--threads: expected a positive integer of at most 65536, not '{threads}'" in message
+    message = assert_one_line_error(cnnlab("cpu", cnn_path, input_path, out, env={"OMP_NUM_THREADS": "4294967296"}))
+    assert message == "cnnlab: OMP_NUM_THREADS=4294967296: more than the 65536 threads a run may have\n"
+    rows = input_path.read_text().split("\n", 1)[1]
+    huge = tmp_path / "huge.csv"
+    huge.write_text("9999999999999999999\n" + rows)
+    message = assert_one_line_error(cnnlab("cpu", cnn_path, huge, out))
+    assert message == f"cnnlab: {huge}:1: the first line announces 9999999999999999999 images: more than any file holds\n"
+    huge.write_text("\n\n" + rows)  # no count line: the first line that is not blank is a row
+    message = assert_one_line_error(cnnlab("cpu", cnn_path, huge, out))
+    assert message.startswith(f"cnnlab: {huge}:3: the first line that is not blank must hold the number of matrices")
+    (tmp_path / "empty.csv").write_text("")
+    message = assert_one_line_error(cnnlab("cpu", tmp_path / "empty.csv", input_path, out))
+    assert message == f"cnnlab: {tmp_path / 'empty.csv'}: file ends after 0 of the 10 lines of convolution filters\n"
+    assert not out.exists()
+
+
 def test_a_negative_seed_is_a_usage_error(tmp_path: Path) -> None:
     message = assert_one_line_error(cnnlab("generate", "--seed", "-1", "--out-dir", tmp_path / "gen"))
     assert "--seed: expected a non-negative integer, not '-1'" in message and not (tmp_path / "gen").exists()

@@ -220,7 +220,7 @@ def test_text_windows_are_reserved_by_the_images_not_by_data_past_them(tmp_path:
         assert max(memory.sizes) < 4 << 20  # one image's text at most, with the gap and slack; by the file's bytes per image, ~22 MB
         batch = reader.read_text(256, 256)
         assert batch is not None and len(batch) == 1 and batch.span.rows == 100
-        with pytest.raises(InputFileError, match=r"in.csv:103: data after the 1 images"):
+        with pytest.raises(InputFileError, match=r"in.csv:103: data after the 1 image the first"):
             reader.finish()
 
 

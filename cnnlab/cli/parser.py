@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from cnnlab import __version__
 from cnnlab.cli import commands
 from cnnlab.errors import UsageError
+from cnnlab.network import MAX_THREADS
 
 if TYPE_CHECKING:
     from _typeshed import SupportsWrite
@@ -56,14 +57,20 @@ class _Parser(argparse.ArgumentParser):
             commands.say(message.rstrip("\n"), file or sys.stdout)
 
 
-def _positive_int(text: str) -> int:
+def _positive_int(text: str, most: int | None = None) -> int:
     try:
         value = int(text)
     except ValueError:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, not {text!r}")
+    if most is not None and value > most:
+        raise argparse.ArgumentTypeError(f"expected a positive integer of at most {most}, not {text!r}")
     return value
+
+
+# Threads and streams: counts the native pools and the driver hold in a C int.
+_thread_count = partial(_positive_int, most=MAX_THREADS)
 
 
 def _gpu(text: str) -> int:
@@ -153,7 +160,7 @@ def _add_run(subcommands: Any, mode: str) -> None:
     run.add_argument("--batch", type=_positive_int, help="images per compute call (default: sized to the backend)")
     run.add_argument(
         "--threads",
-        type=_positive_int,
+        type=_thread_count,
         help="host threads that read and parse the input" + (" and compute" if mode == "cpu" else "")
         + " (default: OMP_NUM_THREADS where set, else every core this process may run on)",
     )
@@ -277,9 +284,9 @@ def _add_bench(subcommands: Any) -> None:
     all_rows = ",".join(defaults.rows)
     bench.add_argument("--rows", default=all_rows, help=f"comma-separated rows to run (default all: {all_rows})")
     bench.add_argument("--seed", type=_seed, help="random seed for the data, a non-negative integer")
-    bench.add_argument("--threads", type=_positive_int, help="host threads of the cpu and reader rows (default: every core)")
+    bench.add_argument("--threads", type=_thread_count, help="host threads of the cpu and reader rows (default: every core)")
     bench.add_argument("--chunk-images", type=_positive_int, help="images per chunk on the GPU (default: the backend's)")
-    bench.add_argument("--streams", type=_positive_int, help="CUDA streams (default: the backend's)")
+    bench.add_argument("--streams", type=_thread_count, help="CUDA streams (default: the backend's)")
     bench.add_argument("--json", metavar="PATH", help="write every number, the device and versions as JSON")
     bench.add_argument(
         "--plot",

@@ -139,9 +139,12 @@ class CsvImageReader:
         check_text(self.path, number, line)
         text = line.decode("ascii").strip()
         digits = _count_digits(text).lstrip("0")
-        if not digits.isdigit() or len(digits) > 18:  # 18 digits: past any file, and int() stays quick
-            message = f"the first line must hold the number of matrices, a positive integer, not {shorten(text)!r}"
+        which = "the first line" if number == 1 else "the first line that is not blank"
+        if not digits.isdigit():
+            message = f"{which} must hold the number of matrices, a positive integer, not {shorten(text)!r}"
             raise InputFileError(self.path, message, number)
+        if len(digits) > 18:  # past any file's images, and int() stays quick
+            raise InputFileError(self.path, f"{which} announces {shorten(text)} images: more than any file holds", number)
         return int(digits)
 
     @property
@@ -278,7 +281,7 @@ class CsvImageReader:
         count too small would leave there."""
         assert self._taken is None, "finish() before the images taken ahead were read"
         if self._source.take(1).rows:
-            message = f"data after the {self.count} images the first line announces (a count too small, or rows out of place?)"
+            message = f"data after {announced(self.count)} (a count too small, or rows out of place?)"
             raise InputFileError(self.path, message, self._source.lines_taken)
 
     def close(self) -> None:
@@ -308,7 +311,12 @@ def file_ends(path: str | os.PathLike, count: int, rows: int, line: int | None, 
         return InputFileError(path, f"{inside}: its row {row + 1} is cut short", line)
     if row:
         return InputFileError(path, f"{inside}, after {row} of its {INPUT_DIM} rows", line)
-    return InputFileError(path, f"file ends after {image} of the {count} images the first line announces", line)
+    return InputFileError(path, f"file ends after {image} of {announced(count)}", line)
+
+
+def announced(count: int) -> str:
+    """The images the count line announces, as messages name them."""
+    return "the 1 image the first line announces" if count == 1 else f"the {count} images the first line announces"
 
 
 def _runs(pieces: list[Span]) -> tuple[tuple[int, int, int], ...]:

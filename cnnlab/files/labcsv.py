@@ -38,7 +38,7 @@ def read_cnn(path: str | os.PathLike) -> Cnn:
             place = RowPlace(Layout(rows, what, numbered=False), 0, span.start)  # blank lines around the matrix, none inside
             if span.rows < rows:
                 check_lines(path, span, target[0].size, place)
-                raise InputFileError(path, f"file ends after {span.rows} of the {rows} lines of {what}", source.lines_taken)
+                raise InputFileError(path, f"file ends after {span.rows} of the {rows} lines of {what}", source.lines_taken or None)
             parse_rows(path, span, target[0].size, target.reshape(-1), place)
         extra = source.take(1)
         if extra.rows:
