@@ -15,6 +15,13 @@ Summary = tuple[int, bool, bool, int, int, int, int]
 # read_summarized's parts: a Summary with the part's (start, end) before it.
 SummarizedPart = tuple[int, int, int, bool, bool, int, int, int, int]
 
+# The row parsers' instruction sets, as CNNLAB_CPU_ISA names them, widest first: those built, and those this CPU runs.
+ISAS: tuple[str, ...]
+CPU_ISAS: tuple[str, ...]
+FIELD_OK: int
+FIELD_HOST: int
+FIELD_BAD: int
+
 class Pool:
     """Pool(threads): threads that parse_pieces runs on (the caller's among them)."""
 
@@ -52,3 +59,9 @@ def format_rows(values: Floats, /) -> str:
 
 def parse_field(data: Bytes, /) -> tuple[int, float | None]:
     """One field: (0, value) proved by lab_csv.h, (1, value) converted by std::from_chars, (2, None) refused."""
+
+def parser_isa() -> str:
+    """The instruction set of the row parser in use: one of CPU_ISAS (at first the widest)."""
+
+def use_isa(name: str, /) -> None:
+    """Parse rows with the row parser of `name`, one of CPU_ISAS (for every thread, from the next call on)."""
