@@ -65,3 +65,7 @@ def parser_isa() -> str:
 
 def use_isa(name: str, /) -> None:
     """Parse rows with the row parser of `name`, one of CPU_ISAS (for every thread, from the next call on)."""
+
+def from_chars_pieces(pool: Pool, data: Bytes, pieces: npt.NDArray[np.int64], width: int, out: Floats, /) -> int:
+    """The bench's peer, not cnnlab's parser: each piece's fields split at ',' and newlines and read by std::from_chars, on the
+    pool's threads, into out from its first row * width on; the values written, or -1 where from_chars refused a field."""
