@@ -62,6 +62,15 @@
 //       it (the shortest text that reads back as the same double: std::to_chars, laid out by
 //       repr's rules), the GIL released.
 //
+//   from_chars_pieces(pool, data, pieces, width, out) -> int
+//       The bench's peer, not cnnlab's parser: each piece (start, end, first row) of the text split at ',' and '\n'
+//       (blank lines skipped) and each field read by std::from_chars as a C++ user would write it, on the pool's
+//       threads, into out from first_row * width on. The values written, or -1 where from_chars refused a field.
+//
+//   parser_isa() -> str;  use_isa(name)
+//       The row parser in use, and the choice of another: "avx2" (lab_csv_simd.h: where the CPU has AVX2) or
+//       "x86-64" (scalar); ISAS names those built, CPU_ISAS those this CPU runs, widest first (CNNLAB_CPU_ISA's names).
+//
 //   parse_field(data) -> (kind, value)
 //       One field through lab_parse_field (for tests): kind 0 (LAB_FIELD_OK) with its value,
 //       1 (LAB_FIELD_HOST) with std::from_chars's value (what parse_rows would write), or
@@ -88,6 +97,7 @@
 #include <vector>
 
 #include "lab_csv.h"
+#include "lab_csv_simd.h"
 #include "pool.h"
 
 namespace {
@@ -137,8 +147,19 @@ Py_ssize_t count_rows(const char *p, const char *end)
     return rows;
 }
 
-// One non-blank row [p, line_end) (its '\r's already dropped) into out[0..width). True if good.
-inline bool parse_row(const char *p, const char *line_end, Py_ssize_t width, double *out)
+// One field [begin, end) (its spaces included) into *out, exactly; false where float() refuses it.
+inline bool parse_one_field(const char *begin, const char *end, double *out)
+{
+    const int kind = lab_parse_field(begin, end, out);
+    return kind == LAB_FIELD_OK || (kind == LAB_FIELD_HOST && convert_on_host(begin, end, out) == LAB_FIELD_OK);
+}
+
+// One non-blank row [p, line_end) (its '\r's already dropped) into out[0..width). True if good. A row parser:
+// `limit`, the end of the readable buffer, is for those that load past the row (the vector ones).
+using RowParser = bool (*)(const char *p, const char *line_end, const char *limit, Py_ssize_t width, double *out);
+
+// The scalar row parser: each field read from where the last one ended.
+bool parse_row_scalar(const char *p, const char *line_end, const char *, Py_ssize_t width, double *out)
 {
     for (Py_ssize_t field = 0; field < width; ++field) {
         while (p < line_end && lab_is_field_space((unsigned char)*p))
@@ -161,6 +182,63 @@ inline bool parse_row(const char *p, const char *line_end, Py_ssize_t width, dou
         ++p;  // past the ',' (or past line_end after the last field: unused)
     }
     return true;
+}
+
+#ifdef LAB_CSV_AVX2
+// The AVX2 row parser (lab_csv_simd.h): the row's commas found first, then each field on its own, repr's shape
+// with vector loads, any other field as parse_one_field reads it. A row of more or fewer than width - 1 commas is
+// refused at once: no field holds a comma, so the scalar parser would refuse it too.
+LAB_AVX2_TARGET bool parse_row_avx2(const char *p, const char *line_end, const char *limit, Py_ssize_t width, double *out)
+{
+    const long long length = line_end - p;
+    if (length > 64LL * LAB_ROW_BITMAP_WORDS)
+        return parse_row_scalar(p, line_end, limit, width, out);
+    uint64_t bits[LAB_ROW_BITMAP_WORDS];
+    if (lab_comma_bitmap_avx2(p, length, limit, bits) != width - 1)
+        return false;
+    const char *field = p;
+    long long word = 0;
+    uint64_t mask = bits[0];
+    for (Py_ssize_t i = 0; i < width; ++i) {
+        const char *field_end = line_end;
+        if (i + 1 < width) {
+            while (mask == 0)
+                mask = bits[++word];
+            field_end = p + 64 * word + __builtin_ctzll(mask);
+            mask &= mask - 1;
+        }
+        if (!lab_repr_field_avx2(field, field_end, limit, out + i) && !parse_one_field(field, field_end, out + i))
+            return false;
+        field = field_end + 1;
+    }
+    return true;
+}
+#endif
+
+// The row parsers this build holds, widest first, as the forward names its kernels (CNNLAB_CPU_ISA).
+struct RowKernel {
+    const char *name;
+    bool (*runs_here)();
+    RowParser parse;
+};
+
+const RowKernel row_kernels[] = {
+#ifdef LAB_CSV_AVX2
+    {"avx2", [] { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi") && __builtin_cpu_supports("popcnt"); },
+     parse_row_avx2},
+#endif
+    {"x86-64", [] { return true; }, parse_row_scalar},
+};
+
+// The row parser in use: the widest this CPU runs, unless use_isa() chose another.
+std::atomic<const RowKernel *> row_kernel{nullptr};
+
+const RowKernel *best_row_kernel()
+{
+    for (const RowKernel &kernel : row_kernels)
+        if (kernel.runs_here())
+            return &kernel;
+    return &row_kernels[sizeof row_kernels / sizeof row_kernels[0] - 1];
 }
 
 struct Buffer {
@@ -415,8 +493,9 @@ bool line_before_is_blank(const char *base, Py_ssize_t bound, Py_ssize_t start)
 // index of the first bad one among the non-blank lines; *needed: the rows the range holds (counted past a bad
 // line, or past max_rows, for the caller's check).
 Py_ssize_t parse_range(const char *base, Py_ssize_t start, Py_ssize_t stop, Py_ssize_t width, double *values, Py_ssize_t max_rows,
-                       Py_ssize_t *needed, const RowPlace &place)
+                       Py_ssize_t *needed, const RowPlace &place, const char *limit)
 {
+    const RowParser parse_row = row_kernel.load(std::memory_order_relaxed)->parse;
     const char *const end = base + stop;
     const char *p = base + start;
     Py_ssize_t row = 0;
@@ -434,7 +513,7 @@ Py_ssize_t parse_range(const char *base, Py_ssize_t start, Py_ssize_t stop, Py_s
             return -1;
         }
         if (!lab_row_placed(place.first_row + row, place.matrix_rows, place.separated, blank_before) ||
-            !parse_row(line, lab_line_content_end(line, nl), width, values + row * width)) {
+            !parse_row(line, lab_line_content_end(line, nl), limit, width, values + row * width)) {
             *needed = row + count_rows(line, end);
             return row;
         }
@@ -510,7 +589,7 @@ PyObject *parse_rows(PyObject *, PyObject *args)
     double *values = static_cast<double *>(out.view.buf);
     Py_ssize_t bad, needed_rows;
     Py_BEGIN_ALLOW_THREADS
-    bad = parse_range(base, start, stop, width, values, capacity / width, &needed_rows, place);
+    bad = parse_range(base, start, stop, width, values, capacity / width, &needed_rows, place, base + data.view.len);
     Py_END_ALLOW_THREADS
     if (needed_rows > capacity / width) {
         PyErr_Format(PyExc_ValueError, "parse_rows: out holds %zd values, the range's %zd non-blank lines need %zd", capacity,
@@ -646,6 +725,7 @@ PyObject *parse_pieces(PyObject *, PyObject *args)
         return nullptr;
     long long *times = times_buffer.held ? static_cast<long long *>(times_buffer.view.buf) : nullptr;
     double *values = static_cast<double *>(out.view.buf);
+    const char *const limit = base + data.view.len;
     std::atomic<Py_ssize_t> next{0}, first_bad{count}, overfull{-1};
     Py_BEGIN_ALLOW_THREADS
     pool->run(
@@ -657,7 +737,8 @@ PyObject *parse_pieces(PyObject *, PyObject *args)
                 Py_ssize_t needed;
                 RowPlace place = span;
                 place.first_row += first;
-                const Py_ssize_t bad = parse_range(base, bounds[3 * i], bounds[3 * i + 1], width, values + first * width, room, &needed, place);
+                const Py_ssize_t bad =
+                    parse_range(base, bounds[3 * i], bounds[3 * i + 1], width, values + first * width, room, &needed, place, limit);
                 if (times)
                     times[4 * i + 3] = monotonic_ns();
                 if (needed > room)
@@ -676,6 +757,79 @@ PyObject *parse_pieces(PyObject *, PyObject *args)
         return nullptr;
     }
     return PyLong_FromSsize_t(first_bad.load() < count ? first_bad.load() : -1);
+}
+
+// The bench's peer, not cnnlab's parser: the text as a C++ user would parse it with the standard library, each
+// field split at ',' and '\n' and handed to std::from_chars (libstdc++ 12: correctly rounded), blank lines skipped;
+// no rule of the lab's format checked beyond what from_chars refuses. The values written, or -1 where from_chars
+// refused a field or out ran out of room.
+long long from_chars_range(const char *p, const char *end, double *out, long long room)
+{
+    long long count = 0;
+    while (p < end) {
+        const char *field_end = p;
+        while (field_end < end && *field_end != ',' && *field_end != '\n')
+            ++field_end;
+        if (field_end > p) {
+            if (count == room)
+                return -1;
+            const std::from_chars_result r = std::from_chars(p, field_end, out[count], std::chars_format::general);
+            if (r.ec != std::errc() || r.ptr != field_end)
+                return -1;
+            ++count;
+        }
+        p = field_end + 1;
+    }
+    return count;
+}
+
+PyObject *from_chars_pieces(PyObject *, PyObject *args)
+{
+    PyObject *pool_obj, *data_obj, *pieces_obj, *out_obj;
+    Py_ssize_t width;
+    if (!PyArg_ParseTuple(args, "O!OOnO:from_chars_pieces", &PoolType, &pool_obj, &data_obj, &pieces_obj, &width, &out_obj))
+        return nullptr;
+    cnnlab::Pool *pool = reinterpret_cast<PoolObject *>(pool_obj)->pool;
+    Buffer data, pieces, out;
+    if (!pool) {
+        PyErr_SetString(PyExc_ValueError, "from_chars_pieces: the pool is closed");
+        return nullptr;
+    }
+    if (!data.get(data_obj, PyBUF_SIMPLE) || !float64_out(out_obj, &out, "from_chars_pieces") ||
+        !pieces.get(pieces_obj, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS))
+        return nullptr;
+    const Py_ssize_t count = pieces.view.len / 24, capacity = out.view.len / 8;
+    const long long *bounds = static_cast<const long long *>(pieces.view.buf);
+    if (pieces.view.itemsize != 8 || pieces.view.len % 24 || width < 1) {
+        PyErr_SetString(PyExc_ValueError, "from_chars_pieces: pieces must be int64 (start, end, first row) triples, width >= 1");
+        return nullptr;
+    }
+    for (Py_ssize_t i = 0; i < count; ++i)
+        if (bounds[3 * i] < 0 || bounds[3 * i + 1] < bounds[3 * i] || bounds[3 * i + 1] > data.view.len || bounds[3 * i + 2] < 0 ||
+            bounds[3 * i + 2] * width > capacity) {
+            PyErr_Format(PyExc_ValueError, "from_chars_pieces: piece %zd out of range", i);
+            return nullptr;
+        }
+    const char *base = static_cast<const char *>(data.view.buf);
+    double *values = static_cast<double *>(out.view.buf);
+    std::atomic<Py_ssize_t> next{0};
+    std::atomic<long long> total{0};
+    std::atomic<bool> failed{false};
+    Py_BEGIN_ALLOW_THREADS
+    pool->run(
+        [&](int) {
+            for (Py_ssize_t i; (i = next.fetch_add(1)) < count;) {
+                const long long first = bounds[3 * i + 2] * width;
+                const long long got = from_chars_range(base + bounds[3 * i], base + bounds[3 * i + 1], values + first, capacity - first);
+                if (got < 0)
+                    failed = true;
+                else
+                    total += got;
+            }
+        },
+        static_cast<int>(std::min<Py_ssize_t>(count, pool->threads())));
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLongLong(failed.load() ? -1 : total.load());
 }
 
 // repr(value) into out (at least 32 bytes); the end. Python's 'r' format: the shortest round-trip
@@ -792,6 +946,43 @@ PyObject *parse_field(PyObject *, PyObject *arg)
     return Py_BuildValue("(id)", kind, value);
 }
 
+PyObject *parser_isa(PyObject *, PyObject *) { return PyUnicode_FromString(row_kernel.load()->name); }
+
+PyObject *use_isa(PyObject *, PyObject *arg)
+{
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (!name)
+        return nullptr;
+    for (const RowKernel &kernel : row_kernels) {
+        if (std::strcmp(name, kernel.name))
+            continue;
+        if (!kernel.runs_here())
+            return PyErr_Format(PyExc_ValueError, "use_isa: this CPU cannot run the %s row parser", name);
+        row_kernel.store(&kernel);
+        Py_RETURN_NONE;
+    }
+    return PyErr_Format(PyExc_ValueError, "use_isa: no row parser is named '%s'", name);
+}
+
+// The row parsers' names: all this build holds, or those this CPU runs.
+PyObject *row_isa_names(bool here_only)
+{
+    PyObject *names = PyTuple_New(0);
+    for (const RowKernel &kernel : row_kernels) {
+        if (!names || (here_only && !kernel.runs_here()))
+            continue;
+        PyObject *name = PyUnicode_FromString(kernel.name);
+        const Py_ssize_t size = PyTuple_GET_SIZE(names);
+        if (!name || _PyTuple_Resize(&names, size + 1) < 0) {
+            Py_XDECREF(name);
+            Py_XDECREF(names);
+            return nullptr;
+        }
+        PyTuple_SET_ITEM(names, size, name);
+    }
+    return names;
+}
+
 PyMethodDef methods[] = {
     {"scan_rows", scan_rows, METH_VARARGS,
      "scan_rows(data, start, rows, max_line_bytes) -> (end, rows_found, lines_passed)\n\n"
@@ -817,6 +1008,16 @@ PyMethodDef methods[] = {
     {"parse_field", parse_field, METH_O,
      "parse_field(data) -> (kind, value)\n\n"
      "One field: (0, value) proved by lab_csv.h, (1, value) converted by std::from_chars, (2, None) refused."},
+    {"from_chars_pieces", from_chars_pieces, METH_VARARGS,
+     "from_chars_pieces(pool, data, pieces, width, out) -> int\n\n"
+     "The bench's peer, not cnnlab's parser: each piece's fields split at ',' and '\\n' and read by std::from_chars, on the\n"
+     "pool's threads; a piece's values go to out from its first row * width on. The values written, or -1."},
+    {"parser_isa", parser_isa, METH_NOARGS,
+     "parser_isa() -> str\n\n"
+     "The instruction set of the row parser in use: one of CPU_ISAS (at first the widest)."},
+    {"use_isa", use_isa, METH_O,
+     "use_isa(name) -> None\n\n"
+     "Parse rows with the row parser of `name`, one of CPU_ISAS (for every thread, from the next call on)."},
     {nullptr, nullptr, 0, nullptr},
 };
 
@@ -849,6 +1050,15 @@ PyMODINIT_FUNC PyInit__lab_csv(void)
         Py_DECREF(&PoolType);
         Py_DECREF(m);
         return nullptr;
+    }
+    row_kernel.store(best_row_kernel());
+    for (const bool here_only : {false, true}) {
+        PyObject *names = row_isa_names(here_only);
+        if (!names || PyModule_AddObject(m, here_only ? "CPU_ISAS" : "ISAS", names) < 0) {
+            Py_XDECREF(names);
+            Py_DECREF(m);
+            return nullptr;
+        }
     }
     if (PyModule_AddIntConstant(m, "FIELD_OK", LAB_FIELD_OK) < 0 || PyModule_AddIntConstant(m, "FIELD_HOST", LAB_FIELD_HOST) < 0 ||
         PyModule_AddIntConstant(m, "FIELD_BAD", LAB_FIELD_BAD) < 0) {

@@ -51,7 +51,7 @@ def test_bench_cpu_rows_name_the_kernels_each_ran(tmp_path: Path) -> None:
     assert forward["name"].endswith(", x86-64)") and plain["name"].endswith(f", {CPU_ISAS[0]})") and plain["check"] == "bit-exact"
 
 
-def test_bench_reader_rows_are_measured_against_loadtxt(tmp_path: Path) -> None:
+def test_bench_reader_rows_are_measured_against_from_chars_and_loadtxt(tmp_path: Path) -> None:
     result = cnnlab("bench", "--rows", "reader", "--reader-images", "3", "--repeats", "1", "--json", tmp_path / "b.json")
     assert result.returncode == 0, result.stderr
     figures = json.loads((tmp_path / "b.json").read_text())["figures"]
@@ -61,11 +61,12 @@ def test_bench_reader_rows_are_measured_against_loadtxt(tmp_path: Path) -> None:
         peers = ["loadtxt"]
     except ImportError:
         peers = []
-    assert [figure["bound"] for figure in figures] == [None, "loadtxt", "loadtxt", *peers]
-    loadtxt = figures[0]["bytes_per_second"]
+    assert [figure["bound"] for figure in figures] == [None, "loadtxt", "loadtxt", "from_chars-1", "from_chars", *peers]
+    keyed = {figure["key"]: figure for figure in figures if figure["key"]}
+    assert list(keyed) == ["loadtxt", "from_chars-1", "from_chars"]
     for figure in figures[1:]:
-        assert figure["of_bound"] == pytest.approx(figure["bytes_per_second"] / loadtxt)
-    assert "numpy.loadtxt" in result.stdout and "MB/s" in result.stdout
+        assert figure["of_bound"] == pytest.approx(figure["bytes_per_second"] / keyed[figure["bound"]]["bytes_per_second"])
+    assert "numpy.loadtxt" in result.stdout and "std::from_chars" in result.stdout and "MB/s" in result.stdout
 
 
 def test_ratios_come_from_the_figures() -> None:

@@ -9,6 +9,7 @@ import itertools
 import math
 import os
 import threading
+from collections.abc import Iterator
 from decimal import Context, Decimal
 from fractions import Fraction
 
@@ -26,6 +27,22 @@ pytestmark = pytest.mark.skipif(
     native is None,
     reason="cnnlab.files._lab_csv is not built (it needs a C++17 compiler: `pip install -e .` or `python setup.py build_ext --inplace`)",
 )
+
+
+@pytest.fixture(autouse=True, params=native.CPU_ISAS if native is not None else ("none",))
+def parser_isa(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Every test here on each row parser this CPU runs (the AVX2 one and the scalar one on x86-64), as
+    CNNLAB_CPU_ISA chooses them: each must give float()'s values and refuse the same lines."""
+    if native is None:
+        yield request.param
+        return
+    before = native.parser_isa()
+    native.use_isa(request.param)
+    try:
+        yield request.param
+    finally:
+        native.use_isa(before)
+
 
 OK, HOST, BAD = 0, 1, 2
 BLANK = b" \t\r\x0b\x0c"  # bytes.strip()'s whitespace, less '\n'
@@ -49,13 +66,37 @@ def bits(values) -> np.ndarray:
     return np.asarray(values, dtype=np.float64).view(np.uint64)
 
 
+# Bytes after the range a test parses: a vector row parser loads 32 bytes past a field's first digit, as it does inside a
+# file; one that read past a field's end would meet digits, a sign, a point and an 'e' here.
+AFTER_RANGE = b"7.5,-0.1e+9\n" * 8
+
+
 def parse_column(texts: list[str], width: int = 100) -> np.ndarray:
-    """The texts as rows of `width` fields (the last row padded with '0') through parse_rows."""
+    """The texts as rows of `width` fields (the last row padded with '0') through parse_rows (the row parser in use)."""
     padded = texts + ["0"] * (-len(texts) % width)
     text = "".join(",".join(padded[i : i + width]) + "\n" for i in range(0, len(padded), width)).encode()
     out = np.full(len(padded), np.nan)
-    assert native.parse_rows(text, 0, len(text), width, out) == -1
+    assert native.parse_rows(text + AFTER_RANGE, 0, len(text), width, out) == -1
     return out[: len(texts)]
+
+
+def row_value(text: str | bytes) -> float | None:
+    """The text as a one-field row through parse_rows (the row parser in use): its value, or None where it is refused
+    (or blank, which a row parser skips as a blank line)."""
+    data = text.encode("latin-1") if isinstance(text, str) else text
+    if not data.strip(BLANK) or b"\n" in data or b"\r" in data:
+        return None
+    out = np.full(1, np.nan)
+    return None if native.parse_rows(data + b"\n" + AFTER_RANGE, 0, len(data) + 1, 1, out) == 0 else float(out[0])
+
+
+def assert_row_agrees(text: str | bytes, expected: float | None) -> None:
+    """The row parser in use gives float()'s value for the text, or refuses it where float() does."""
+    got = row_value(text)
+    if expected is None:
+        assert got is None, f"{text!r} accepted by the row parser as {got!r}"
+    else:
+        assert got is not None and bits([got]) == bits([expected]), f"{text!r}: row parser {got!r} != float() {expected!r}"
 
 
 def assert_exact(texts: list[str], got: np.ndarray) -> None:
@@ -210,6 +251,24 @@ def test_halfway_points_are_exact(rng: np.random.Generator) -> None:
     assert kinds.count(HOST) > 0, "the halfway points should need the host sometimes"
 
 
+def test_halfway_points_in_repr_shape_are_exact(rng: np.random.Generator) -> None:
+    """The shape the vector parser reads itself, [-]d.ddd with up to 17 digits after the point, right beside the halfway
+    points between adjacent doubles of the lab's range: 17 significant digits rounded down and up from the midpoint."""
+    from decimal import ROUND_CEILING, ROUND_FLOOR
+
+    context = Context(prec=1200)
+    texts = []
+    for x in np.abs(rng.uniform(-10, 10, 3000)).tolist() + np.abs(rng.uniform(-1, 1, 1000)).tolist():
+        mid = Fraction(x) + (Fraction(math.nextafter(x, math.inf)) - Fraction(x)) / 2
+        exact = context.divide(Decimal(mid.numerator), Decimal(mid.denominator))
+        places = 16 if exact >= 1 else 17  # 17 significant digits (or the first after "0.")
+        for rounding in (ROUND_FLOOR, ROUND_CEILING):
+            texts.append(format(exact.quantize(Decimal(1).scaleb(-places), rounding=rounding), "f"))
+    texts = [("-" if sign else "") + t for t, sign in zip(texts, rng.integers(0, 2, len(texts)))]
+    assert all(len(t.lstrip("-").split(".")[1]) <= 17 for t in texts)
+    assert_exact(texts, parse_column(texts))
+
+
 def test_host_fields_take_every_shape() -> None:
     # More than 19 digits at or near a halfway point, in every shape the grammar allows: HOST, then from_chars.
     shapes = [
@@ -228,6 +287,7 @@ def test_host_fields_take_every_shape() -> None:
     for text in shapes:
         kind, value = native.parse_field(text.encode())
         assert kind in (OK, HOST) and bits([value]) == bits([float(text)]), text
+        assert_row_agrees(text, float(text))
     assert native.parse_field(shapes[2].encode())[0] == HOST
 
 
@@ -294,12 +354,13 @@ def test_refused_spellings(text: str) -> None:
     data = text.encode("utf-8") if not text.endswith("\xff") else text.encode("latin-1")
     assert reference(data) is None
     assert native.parse_field(data) == (BAD, None)
-    line = b"0," + data + b",0\n"
-    if b"," in data:
-        assert native.parse_rows(line, 0, len(line), 3, np.empty(3)) == 0  # "1,5" is two fields: 4 in all
-        assert native.parse_rows(line, 0, len(line), 4, np.empty(4)) == -1
-    else:
-        assert native.parse_rows(line, 0, len(line), 3, np.empty(6)) == 0  # (room for "1\n" as two lines)
+    line = b"0.25," + data + b",-0.5\n"
+    for padded in (line, line + AFTER_RANGE):  # the row at the buffer's end, and with bytes a vector parser loads after it
+        if b"," in data:
+            assert native.parse_rows(padded, 0, len(line), 3, np.empty(3)) == 0  # "1,5" is two fields: 4 in all
+            assert native.parse_rows(padded, 0, len(line), 4, np.empty(4)) == -1
+        else:
+            assert native.parse_rows(padded, 0, len(line), 3, np.empty(6)) == 0  # (room for "1\n" as two lines)
 
 
 def test_random_short_strings_agree_with_float(rng: np.random.Generator) -> None:
@@ -310,6 +371,7 @@ def test_random_short_strings_agree_with_float(rng: np.random.Generator) -> None
     for text in texts:
         expected = reference(text)
         kind, value = native.parse_field(text.encode())
+        assert_row_agrees(text, expected)
         if expected is None:
             assert kind == BAD, f"{text!r} accepted as {value!r}; float() refuses it (or it is not finite, or has '_')"
         else:
@@ -328,6 +390,7 @@ def test_hypothesis_floats_in_any_format(value: float, form: str) -> None:
         return
     assert kind in (OK, HOST) and bits([got]) == bits([float(text)])
     assert bits(parse_column([text], width=1)) == bits([float(text)])
+    assert_row_agrees(text, float(text))
 
 
 @settings(max_examples=1500, deadline=None)
@@ -335,6 +398,7 @@ def test_hypothesis_floats_in_any_format(value: float, form: str) -> None:
 def test_hypothesis_strings_agree_with_float(text: str) -> None:
     expected = reference(text)
     kind, value = native.parse_field(text.encode())
+    assert_row_agrees(text, expected)
     if expected is None:
         assert kind == BAD
     else:
@@ -352,6 +416,7 @@ def test_hypothesis_long_decimals(mantissa: int, exponent: int, leading_zeros: i
     for text in (f"{digits}e{exponent}", f"{digits[:1]}.{digits[1:]}e{exponent}", f".{digits}E{exponent:+d}"):
         expected = reference(text)
         kind, value = native.parse_field(text.encode())
+        assert_row_agrees(text, expected)
         if expected is None:
             assert kind == BAD, text
         else:

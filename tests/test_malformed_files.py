@@ -1,10 +1,11 @@
 """A malformed file never gives outputs: valid lab files, mutated as a hostile user would, through every host parser.
 
 For every mutation (a row, a value or a blank line dropped, duplicated or moved; a byte inserted, replaced or the
-file cut anywhere; CRLF mixed in; the count changed), each of cpu mode's native parser, its Python twin and `convert`
-must give exactly what an independent reader of the lab's layout (lab_layout.py, float() and the layout's rules) gives,
-or, where that reader refuses the files, exit with status 2, one line on stderr, and the output path as it was. The GPU
-parser's half is in test_csv_gpu.py. Seeded; `-m slow` runs a longer profile.
+file cut anywhere; CRLF mixed in; the count changed), each of cpu mode's native parser (every row parser this CPU
+runs), its Python twin and `convert` must give exactly what an independent reader of the lab's layout (lab_layout.py,
+float() and the layout's rules) gives, or, where that reader refuses the files, exit with status 2, one line on
+stderr, and the output path as it was. The GPU parser's half is in test_csv_gpu.py. Seeded; `-m slow` runs a longer
+profile.
 """
 
 from __future__ import annotations
@@ -71,8 +72,13 @@ def check_every_host_parser(tmp_path: Path, capsys: pytest.CaptureFixture[str], 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(csv_reader, "STEP_IMAGES", step)  # spans of `step` images a thread: many spans, runs and pieces
         patch.setattr(csv_reader, "PARSE_IMAGES", step)
-        output.write_bytes(PREVIOUS)
-        _check(*_run(run, capsys), output, want.outputs, _read_csv)
+        for isa in lines.native.CPU_ISAS if lines.native is not None else ("",):  # each row parser this CPU runs
+            if isa:
+                lines.native.use_isa(isa)
+            output.write_bytes(PREVIOUS)
+            _check(*_run(run, capsys), output, want.outputs, _read_csv)
+        if lines.native is not None:
+            lines.native.use_isa(lines.native.CPU_ISAS[0])
         for module in (lines, text, csv_reader, rows):
             patch.setattr(module, "native", None)
         output.write_bytes(PREVIOUS)

@@ -20,6 +20,10 @@
 #             of cpu mode's CSV reading alone on 1..16 threads (tools/profile_cpu_csv.py, 2,000 images)
 #   cpu       cnnlab bench's cpu and reader rows on every core and on one: the forward against the memory bound, the
 #             plain loop, numpy and PyTorch on the CPU; the CSV reader against numpy.loadtxt and Polars
+#   parser    the CSV parser alone: the pinned one-thread run's CSV time over its .npy time, each row parser against
+#             std::from_chars on one core, 1..16 threads' scaling (tools/bench_parser.py, 2,000 images); the bench's
+#             reader rows (a ~1 GB file, the reader against from_chars on the same threads); then the
+#             30,000-image cpu job's wall (5.6 GB, page cache), three runs
 #   cpujob    30,000 CSV images (5.6 GB, page cache): cnnlab cpu's wall time, three runs, against cuda's, outputs compared
 #   trace     the same job in cpu and cuda mode without and with --trace, three runs each in turns (the loop's seconds and
 #             their ratio: tools/trace_overhead.py), a trace of each drawn by trace-plot into $OUT, and tests/test_trace.py
@@ -182,6 +186,22 @@ for stage in $stages; do
       for threads in $(nproc) 1; do
         cnnlab bench --rows cpu,reader --threads "$threads" --json "$OUT/cpu_$threads.json" 2>&1 | tee -a "$OUT/cpu.log" || status=1
       done ;;
+    parser)
+      {
+        lscpu | grep -E "Model name|Flags" | cut -c1-160
+        python3 tools/bench_parser.py --dir "$WORK/parser" --images 2000 --core 0 --threads 1 2 4 8 16 --pairs 7
+        cnnlab bench --rows reader --repeats 3  # the ~1 GB file: the reader against from_chars, one thread and every one
+        cnnlab generate --images 10000 --seed 459 --out-dir "$WORK/parser"
+        (echo 30000; for _ in 1 2 3; do tail -n +2 "$WORK/parser/in.csv"; done) > "$WORK/parser/in30k.csv"
+        cat "$WORK/parser/in30k.csv" > /dev/null  # in the page cache
+        ls -l "$WORK/parser/in30k.csv"
+        for run in 1 2 3; do
+          timed "cpu, 30,000 CSV images, run $run" python3 -m cnnlab cpu "$WORK/parser/cnn.csv" "$WORK/parser/in30k.csv" \
+            "$WORK/parser/out.csv" --timing-json "$OUT/parser_job_$run.json"
+          python3 -c "import json, sys; f = json.load(open(sys.argv[1])); print('  loop', round(f['loop_seconds'], 3), 's; start-up', f['startup_seconds'])" "$OUT/parser_job_$run.json"
+        done
+      } 2>&1 | tee "$OUT/parser.log" || status=1
+      rm -rf "$WORK/parser" ;;
     cpujob)
       job30k
       {

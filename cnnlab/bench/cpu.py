@@ -1,8 +1,8 @@
 """`cnnlab bench`'s cpu rows: the CPU backend's forward against reading its images once (the memory bound) and
 against its peers, all on the same threads and the same images in one run.
 
-The forward runs the kernels CNNLAB_CPU_ISA names (the widest this CPU runs where unset); the plain loop always
-runs the widest, as its users would compile it (-march=native), and each row names its instruction set.
+The forward runs the kernels CNNLAB_CPU_ISA names (the widest this CPU runs where unset), and the plain loop the
+same, as its users would compile it (-march=native) on a machine whose widest that is; each row names its set.
 The peers: the plain loop (cpu.rs's loops as written, 8 images a vector, in cnnlab.cpu._forward), the numpy
 forward (the reference), and PyTorch on the CPU (float64, eager, im2col + GEMMs and compiled, in a subprocess
 of its own). Each peer's outputs are checked against the backend's: the plain loop and numpy bit for bit,

@@ -21,7 +21,7 @@ from cnnlab.resources import install_command
 
 ROWS = ("cpu", "reader", "csv", "startup", "lab", "pinned", "resident", "bounds", "kernels", "peers")
 GPU_ROWS = ("lab", "pinned", "resident", "bounds")
-REFERENCES = ("loadtxt",)  # keys of figures that others are multiples of: a peer's speed, not a hardware bound
+REFERENCES = ("loadtxt", "from_chars-1", "from_chars")  # keys of figures that others are multiples of: a peer's speed, not a hardware bound
 LADDER_ROWS = ("kernels", "peers")  # shown in the ladder's own table
 D2D_BOUND = "d2d"  # the key of the one device-to-device bound: the resident row, the ladder's rungs and their peers are shares of it
 
@@ -72,7 +72,7 @@ class BenchOptions:
     images: int = 65536
     cpu_images: int = 16384
     lab_images: int = 2000
-    reader_images: int = 500
+    reader_images: int = 5500  # ~1.03 GB of text: the reader rows' file spans far more than the caches
     csv_images: int = 2000
     repeats: int = 5
     rows: tuple[str, ...] = ROWS
@@ -177,7 +177,8 @@ def format_table(report: BenchReport) -> str:
     if any(figure.bound for figure in report.figures):
         lines.append(
             "relative to: a share of the bound the row names (memory: reading the images once; h2d, d2d: the copy bounds; "
-            "read, h2d-text: the CSV bounds), or a multiple of a reference (loadtxt: numpy.loadtxt on the same file)"
+            "read, h2d-text: the CSV bounds), or a multiple of a reference (loadtxt: numpy.loadtxt on the same file's first "
+            "images; from_chars-1, from_chars: std::from_chars on the same text, one thread and the run's)"
         )
     if report.startup:
         floor = report.startup[0].seconds if report.startup[0].name.startswith("floor") else None

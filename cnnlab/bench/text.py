@@ -1,23 +1,32 @@
-"""`cnnlab bench`'s rows that read CSV text: the host reader against numpy.loadtxt (and Polars, where
-installed), and `cnnlab cuda` on a CSV file against the GPU path's two bounds."""
+"""`cnnlab bench`'s rows that read CSV text: the host reader against std::from_chars on the same text and threads,
+numpy.loadtxt (and Polars, where installed), and `cnnlab cuda` on a CSV file against the GPU path's two bounds."""
 
 from __future__ import annotations
 
+import io
 import os
+import statistics
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
 import numpy as np
 
-from cnnlab.bench.report import BenchOptions, Figure, Traffic, median_rate
+from cnnlab.bench.report import BenchOptions, Figure, Traffic, alternated_seconds, median_rate
 from cnnlab.files.csv_reader import CsvImageReader
 from cnnlab.network import INPUT_DIM, Cnn, default_threads
 
+LOADTXT_IMAGES = 50  # numpy.loadtxt reads the first images only: on the whole file it would take minutes
+
 
 def bench_reader(options: BenchOptions, seed: int | None) -> list[Figure]:
-    """The CSV reader in MB/s, with one parse thread and one per core, and numpy.loadtxt on the same file."""
+    """The CSV reader in MB/s on a file of --reader-images images in the page cache, with one parse thread and the run's
+    threads, against the peer on the same text and threads: std::from_chars field by field, natively, as a C++ user
+    would write it (the text in memory); the four in turns. numpy.loadtxt on the first images gives the scale, and
+    Polars, where installed, reads the whole file."""
+    from cnnlab.files import _lab_csv as native
     from cnnlab.generate import generate
 
     with tempfile.TemporaryDirectory() as folder:
@@ -25,28 +34,77 @@ def bench_reader(options: BenchOptions, seed: int | None) -> list[Figure]:
         size = path.stat().st_size
         image_bytes = size / options.reader_images
         threads = options.threads or default_threads()
+        data = np.fromfile(path, np.uint8)  # the peer's text, and the page cache warmed
+        start = int(np.argmax(data == ord("\n"))) + 1
+        pieces = _pieces(data, start, options.reader_images)
+        values = np.empty(options.reader_images * INPUT_DIM * INPUT_DIM)
 
-        def read(threads: int | None) -> None:
+        def read(threads: int) -> None:
             with CsvImageReader(path, threads) as reader:
                 buffer = np.empty((reader.step, INPUT_DIM, INPUT_DIM))
                 while reader.read_into(buffer, len(buffer)):  # as a run reads: the next step taken while one parses
                     pass
 
-        repeats = min(options.repeats, 3)
-        loadtxt, one, every = (
-            median_rate(options.reader_images, run, repeats)
-            for run in (lambda: np.loadtxt(path, delimiter=",", skiprows=1), partial(read, 1), partial(read, threads))
-        )
-        peer = _polars_rate(path, options.reader_images, repeats)
+        def peer(pool: Any) -> None:
+            if native.from_chars_pieces(pool, data, pieces, INPUT_DIM, values) != len(values):
+                raise RuntimeError("the from_chars peer refused the bench's own file")
+
+        one, every = native.Pool(1), native.Pool(threads)
+        try:
+            runs: list[Callable[[], object]] = [partial(read, 1), partial(peer, one), partial(read, threads), partial(peer, every)]
+            seconds = alternated_seconds(runs, min(options.repeats, 3))
+        finally:
+            one.close()
+            every.close()
+        loadtxt = _loadtxt_rate(data, start, min(LOADTXT_IMAGES, options.reader_images))
+        polars = _polars_rate(path, options.reader_images, min(options.repeats, 3))
     text: Traffic = {"bytes_per_image": image_bytes}
+    (read_one, read_one_spread), (peer_one, peer_one_spread), (read_every, read_every_spread), (peer_every, peer_every_spread) = (
+        _rate_and_spread(options.reader_images, times) for times in seconds
+    )
+    file = f"{size / 1e9:.2f} GB file"
     figures = [
-        Figure("reader", "reference: numpy.loadtxt (one thread)", loadtxt, key="loadtxt", **text),
-        Figure("reader", "cnnlab CSV reader, one parse thread", one, "loadtxt", **text),
-        Figure("reader", f"cnnlab CSV reader, {threads} parse threads", every, "loadtxt", **text),
-    ]
-    if peer is not None:
-        figures.append(Figure("reader", f"peer: polars {peer[0]} read_csv, whole file, every thread", peer[1], "loadtxt", **text))
+        Figure("reader", f"reference: numpy.loadtxt (one thread, the first {LOADTXT_IMAGES} images)", loadtxt, key="loadtxt", **text),
+        Figure("reader", "peer: std::from_chars a field, one thread (text in memory)", peer_one, "loadtxt", "from_chars-1",
+               spread=peer_one_spread, **text),
+        Figure("reader", f"peer: std::from_chars a field, {threads} threads (text in memory)", peer_every, "loadtxt", "from_chars",
+               spread=peer_every_spread, **text),
+        Figure("reader", f"cnnlab CSV reader, one parse thread ({file})", read_one, "from_chars-1", spread=read_one_spread, **text),
+        Figure("reader", f"cnnlab CSV reader, {threads} parse threads ({file})", read_every, "from_chars",
+               spread=read_every_spread, **text),
+    ]  # fmt: skip
+    if polars is not None:
+        figures.append(Figure("reader", f"peer: polars {polars[0]} read_csv, whole file, every thread", polars[1], "loadtxt", **text))
     return figures
+
+
+def _rate_and_spread(images: int, seconds: list[float]) -> tuple[float, tuple[float, float]]:
+    """Images/s of the median turn, and of the slowest and the fastest."""
+    return images / statistics.median(seconds), (images / max(seconds), images / min(seconds))
+
+
+def _pieces(data: np.ndarray, start: int, images: int) -> np.ndarray:
+    """The text's rows as pieces for the peer's threads: (start, end, rows before) of ~1 MB of whole lines each."""
+    from cnnlab.files.lines import scan_rows
+
+    rows_each = max(1, (1 << 20) * images * INPUT_DIM // max(1, len(data) - start))
+    result, before = [], 0
+    while start < len(data):
+        end, found, _ = scan_rows(data, start, rows_each)
+        if not found:
+            break
+        result.append((start, end, before))
+        start, before = end, before + found
+    return np.array(result, np.int64).reshape(-1, 3)
+
+
+def _loadtxt_rate(data: np.ndarray, start: int, images: int) -> float:
+    """Images/s of numpy.loadtxt on the first `images` images' text (their lines, blank ones included), from memory."""
+    from cnnlab.files.lines import scan_rows
+
+    end = scan_rows(data, start, images * INPUT_DIM)[0]
+    text = data[start:end].tobytes()
+    return median_rate(images, lambda: np.loadtxt(io.BytesIO(text), delimiter=","), 1)
 
 
 def _polars_rate(path: os.PathLike, images: int, repeats: int) -> tuple[str, float] | None:

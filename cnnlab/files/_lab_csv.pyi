@@ -15,6 +15,13 @@ Summary = tuple[int, bool, bool, int, int, int, int]
 # read_summarized's parts: a Summary with the part's (start, end) before it.
 SummarizedPart = tuple[int, int, int, bool, bool, int, int, int, int]
 
+# The row parsers' instruction sets, as CNNLAB_CPU_ISA names them, widest first: those built, and those this CPU runs.
+ISAS: tuple[str, ...]
+CPU_ISAS: tuple[str, ...]
+FIELD_OK: int
+FIELD_HOST: int
+FIELD_BAD: int
+
 class Pool:
     """Pool(threads): threads that parse_pieces runs on (the caller's among them)."""
 
@@ -53,3 +60,13 @@ def format_rows(values: Floats, /) -> str:
 
 def parse_field(data: Bytes, /) -> tuple[int, float | None]:
     """One field: (0, value) proved by lab_csv.h, (1, value) converted by std::from_chars, (2, None) refused."""
+
+def parser_isa() -> str:
+    """The instruction set of the row parser in use: one of CPU_ISAS (at first the widest)."""
+
+def use_isa(name: str, /) -> None:
+    """Parse rows with the row parser of `name`, one of CPU_ISAS (for every thread, from the next call on)."""
+
+def from_chars_pieces(pool: Pool, data: Bytes, pieces: npt.NDArray[np.int64], width: int, out: Floats, /) -> int:
+    """The bench's peer, not cnnlab's parser: each piece's fields split at ',' and newlines and read by std::from_chars, on the
+    pool's threads, into out from its first row * width on; the values written, or -1 where from_chars refused a field."""

@@ -7,6 +7,7 @@ where it was not built, the pure-Python twins below follow the same rules, slowl
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -26,6 +27,11 @@ try:
     from cnnlab.files import _lab_csv as native
 except ImportError:  # no C++ compiler at install time: the twins below, and a note saying why it is slow
     native = None
+# The row parser's instruction set: the widest this CPU runs (avx2 or x86-64), unless CNNLAB_CPU_ISA, which chooses the
+# forward's kernels, names a narrower one the parser has (x86-64: the scalar parser; avx512 leaves it at avx2). The
+# variable's checks and errors are the forward's (cpu/backend.py).
+if native is not None and os.environ.get("CNNLAB_CPU_ISA", "") in native.CPU_ISAS:
+    native.use_isa(os.environ["CNNLAB_CPU_ISA"])
 
 # The longest line a valid file holds is 4000 values of at most ~25 characters; anything far
 # longer is refused before it is read whole into memory.
