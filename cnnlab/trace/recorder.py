@@ -39,6 +39,12 @@ class _StreamTrack:
     anchor_ns: int
     pending: list[tuple[str, dict[str, Any], Any, Any]] = field(default_factory=list)  # name, args, start and end events
     open: list[dict[str, Any]] = field(default_factory=list)  # the args of the stream spans open now, outermost first
+    # Events settled and free again (of this stream's context): making one costs more than recording it.
+    free: list[Any] = field(default_factory=list)
+
+    def event(self, driver: Any) -> Any:
+        """A CUDA event to record a span's start or end with."""
+        return self.free.pop() if self.free else driver.Event()
 
 
 class _HostSpan:
@@ -78,11 +84,11 @@ class _StreamSpan:
         if track.open:  # a kernel inside "kernels" names its chunk as the span around it does
             self._args = {**track.open[-1], **self._args}
         track.open.append(self._args)
-        self._start = recorder.driver.Event()
+        self._start = track.event(recorder.driver)
         self._start.record(self._stream)
 
     def __exit__(self, *exc_info: object) -> None:
-        end = self._recorder.driver.Event()
+        end = self._track.event(self._recorder.driver)
         end.record(self._stream)
         self._track.open.pop()
         self._track.pending.append((self._name, self._args, self._start, end))
@@ -187,6 +193,7 @@ class Recorder:
         return track
 
     def settle(self, stream: Any) -> None:
+        """Place the stream's spans on the host's clock, once their work is done; their events are free again."""
         track = self._streams.get(id(stream))
         if track is None:
             return
@@ -194,6 +201,7 @@ class Recorder:
             end.synchronize()
             start_ns = track.anchor_ns + start.time_since(track.anchor) * 1e6
             self.add(name, GPU_PID, track.tid, start_ns, start_ns + end.time_since(start) * 1e6, args)
+            track.free += (start, end)
         track.pending.clear()
 
     def trace(self) -> dict[str, Any]:
