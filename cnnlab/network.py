@@ -251,6 +251,10 @@ class Tracer(Protocol):
         """A span named `name` of this thread's time, or, given a CUDA stream, of the work queued on it meanwhile."""
         ...
 
+    def group(self, name: str, stream: Any, **args: Any) -> AbstractContextManager[object]:
+        """A span of a CUDA stream whose time is that of the stream spans it holds (no events of its own: they cost)."""
+        ...
+
     def complete(self, name: str, tid: int, start_ns: int, end_ns: int, thread: str, **args: Any) -> None:
         """A span timed elsewhere (perf_counter_ns's clock) on thread `tid`'s track, named `thread` where it has no name."""
         ...
@@ -271,6 +275,9 @@ class _NoTrace:
     _nothing = nullcontext()
 
     def span(self, name: str, stream: Any = None, **args: Any) -> AbstractContextManager[object]:
+        return self._nothing
+
+    def group(self, name: str, stream: Any, **args: Any) -> AbstractContextManager[object]:
         return self._nothing
 
     def complete(self, name: str, tid: int, start_ns: int, end_ns: int, thread: str, **args: Any) -> None:

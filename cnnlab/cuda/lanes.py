@@ -160,7 +160,8 @@ class CsvText:
         with lane.trace.span("copy text in", lane.stream, bytes=nbytes):
             lane.driver.memcpy_htod_async(text.text, piece.data[piece.start : piece.end], lane.stream)
         first_row = self._batch.first_row(index, self._chunk)
-        text.parser.parse(lane.stream, text.text, nbytes, lane.images, 0, piece.rows, text.status, self._batch.layout, first_row)
+        with lane.trace.span("parse text", lane.stream, bytes=nbytes):  # the parser's kernels, one span: events cost
+            text.parser.parse(lane.stream, text.text, nbytes, lane.images, 0, piece.rows, text.status, self._batch.layout, first_row)
         text.parser.fetch_status(lane.stream, text.host_status, text.status)
         text.status_ready.record(lane.stream)
 
@@ -277,18 +278,18 @@ class Lanes:
                 round_ = range(first, min(first + lanes, chunks))
                 for index in round_:
                     lane = self.lanes[index % lanes]
-                    with trace.span("chunk in", lane.stream, chunk=index, images=min(chunk, count - index * chunk)):
+                    with trace.group("chunk in", lane.stream, chunk=index, images=min(chunk, count - index * chunk)):
                         source.start(lane, index)
                 for index in round_:
                     lane = self.lanes[index % lanes]
                     images = min(chunk, count - index * chunk)
                     with trace.span("images ready", chunk=index):
                         address = source.images(lane, index)
-                    with trace.span("kernels", lane.stream, chunk=index, images=images):
+                    with trace.group("kernels", lane.stream, chunk=index, images=images):
                         if separate_check:
                             self._find_nonfinite(lane.stream, address, images, self._nonfinite)
                         lane.run(self._launcher, address, images)
-                    with trace.span("chunk out", lane.stream, chunk=index, images=images):
+                    with trace.group("chunk out", lane.stream, chunk=index, images=images):
                         outputs.take(lane, index, images)
             outputs.finish(self.lanes)
             for lane in self.lanes:

@@ -37,7 +37,8 @@ class _StreamTrack:
     stream: Any  # held: a stream freed and another made at its address must not take this track
     anchor: Any
     anchor_ns: int
-    pending: list[tuple[str, dict[str, Any], Any, Any]] = field(default_factory=list)  # name, args, start and end events
+    # name, args, start and end events (a group's: the index of its first span in this list, and None)
+    pending: list[tuple[str, dict[str, Any], Any, Any]] = field(default_factory=list)
     open: list[dict[str, Any]] = field(default_factory=list)  # the args of the stream spans open now, outermost first
     # Events settled and free again (of this stream's context): making one costs more than recording it.
     free: list[Any] = field(default_factory=list)
@@ -69,12 +70,13 @@ class _HostSpan:
 
 
 class _StreamSpan:
-    """A span of the work queued on a stream while it is open: an event recorded there as it opens and as it closes."""
+    """A span of the work queued on a stream while it is open: an event recorded there as it opens and as it closes;
+    or, for a group, none: its time is that of the spans it holds, from the first's start to the last's end."""
 
-    __slots__ = ("_recorder", "_name", "_args", "_stream", "_track", "_start")
+    __slots__ = ("_recorder", "_name", "_args", "_stream", "_track", "_start", "_first", "_group")
 
-    def __init__(self, recorder: Recorder, name: str, stream: Any, args: dict[str, Any]) -> None:
-        self._recorder, self._name, self._stream, self._args = recorder, name, stream, args
+    def __init__(self, recorder: Recorder, name: str, stream: Any, args: dict[str, Any], group: bool = False) -> None:
+        self._recorder, self._name, self._stream, self._args, self._group = recorder, name, stream, args, group
 
     def __enter__(self) -> None:
         recorder = self._recorder
@@ -84,14 +86,21 @@ class _StreamSpan:
         if track.open:  # a kernel inside "kernels" names its chunk as the span around it does
             self._args = {**track.open[-1], **self._args}
         track.open.append(self._args)
-        self._start = track.event(recorder.driver)
-        self._start.record(self._stream)
+        if self._group:
+            self._first = len(track.pending)  # its spans are those pending from here on
+        else:
+            self._start = track.event(recorder.driver)
+            self._start.record(self._stream)
 
     def __exit__(self, *exc_info: object) -> None:
-        end = self._track.event(self._recorder.driver)
-        end.record(self._stream)
-        self._track.open.pop()
-        self._track.pending.append((self._name, self._args, self._start, end))
+        track = self._track
+        if self._group:
+            track.pending.append((self._name, self._args, self._first, None))
+        else:
+            end = track.event(self._recorder.driver)
+            end.record(self._stream)
+            track.pending.append((self._name, self._args, self._start, end))
+        track.open.pop()
         if self._recorder.nvtx is not None:
             self._recorder.nvtx.pop_range()
 
@@ -147,6 +156,9 @@ class Recorder:
     def span(self, name: str, stream: Any = None, **args: Any) -> _HostSpan | _StreamSpan:
         return _HostSpan(self, name, args) if stream is None else _StreamSpan(self, name, stream, args)
 
+    def group(self, name: str, stream: Any, **args: Any) -> _StreamSpan:
+        return _StreamSpan(self, name, stream, args, group=True)
+
     def complete(self, name: str, tid: int, start_ns: int, end_ns: int, thread: str, **args: Any) -> None:
         self._name(HOST_PID, tid, thread)
         self.add(name, HOST_PID, tid, start_ns, end_ns, args)
@@ -197,11 +209,18 @@ class Recorder:
         track = self._streams.get(id(stream))
         if track is None:
             return
+        times: list[tuple[float, float] | None] = []  # each pending span's, on the host's clock (None: a group of none)
         for name, args, start, end in track.pending:
-            end.synchronize()
-            start_ns = track.anchor_ns + start.time_since(track.anchor) * 1e6
-            self.add(name, GPU_PID, track.tid, start_ns, start_ns + end.time_since(start) * 1e6, args)
-            track.free += (start, end)
+            if end is None:  # a group: from its first span's start to its last one's end
+                held = [span for span in times[start:] if span is not None]
+                times.append((held[0][0], max(stop for _, stop in held)) if held else None)
+            else:
+                end.synchronize()
+                start_ns = track.anchor_ns + start.time_since(track.anchor) * 1e6
+                times.append((start_ns, start_ns + end.time_since(start) * 1e6))
+                track.free += (start, end)
+            if times[-1] is not None:
+                self.add(name, GPU_PID, track.tid, *times[-1], args)
         track.pending.clear()
 
     def trace(self) -> dict[str, Any]:
