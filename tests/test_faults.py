@@ -23,8 +23,8 @@ from cnnlab.cli import main as cli
 from cnnlab.cpu.backend import CpuBackend
 from cnnlab.errors import InputFileError
 from cnnlab.files import npy
-from cnnlab.files.labcsv import format_rows
 from cnnlab.files.csv_reader import CsvImageReader
+from cnnlab.files.labcsv import format_rows
 from cnnlab.files.mapped_text import MappedTextSource
 from cnnlab.files.npy import NpyImageReader
 from cnnlab.generate import random_values
