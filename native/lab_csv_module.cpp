@@ -32,6 +32,10 @@
 //       file's end); parts: (start, end, summary...) for each piece of that run, in order, summary
 //       as summarize gives it. OSError where a read fails.
 //
+//   summarize_parts(data, start, end, threads) -> (count, parts)
+//       data[start:end] (a mapped file's bytes, say) summarized as read_summarized summarizes what it reads: in
+//       pieces of 1 MB on up to `threads` threads of its own, the GIL released; count is end - start.
+//
 //   parse_rows(data, start, end, width, out[, bound, first_row, matrix_rows, separated]) -> int
 //       Parse every non-blank line of data[start:end] (whole lines: data[end-1] must be '\n'
 //       unless start == end) as `width` comma-separated numbers into `out`, a writable
@@ -392,37 +396,31 @@ void read_piece(int fd, char *base, long long offset, Piece *piece)
     piece->summary = summarize_range(base, piece->start, piece->start + piece->count);
 }
 
-PyObject *read_summarized(PyObject *, PyObject *args)
+// The pieces of PIECE_BYTES that [at, at + nbytes) falls into; false with MemoryError set where there is no room for them.
+bool plan_pieces(Py_ssize_t at, Py_ssize_t nbytes, std::vector<Piece> *pieces)
 {
-    int fd, threads;
-    PyObject *window_obj;
-    Py_ssize_t at, nbytes;
-    long long offset;
-    if (!PyArg_ParseTuple(args, "iOnnLi:read_summarized", &fd, &window_obj, &at, &nbytes, &offset, &threads))
-        return nullptr;
-    Buffer window;
-    if (!window.get(window_obj, PyBUF_WRITABLE))
-        return nullptr;
-    if (at < 0 || nbytes < 0 || at + nbytes > window.view.len || offset < 0 || threads < 1) {
-        PyErr_Format(PyExc_ValueError, "read_summarized: %zd bytes at %zd out of range for %zd bytes (offset %lld, %d threads)",
-                     nbytes, at, window.view.len, offset, threads);
-        return nullptr;
-    }
-    char *base = static_cast<char *>(window.view.buf);
-    std::vector<Piece> pieces;
     try {
-        pieces.resize((nbytes + PIECE_BYTES - 1) / PIECE_BYTES);
+        pieces->resize((nbytes + PIECE_BYTES - 1) / PIECE_BYTES);
     } catch (const std::bad_alloc &) {
-        return PyErr_NoMemory();
+        PyErr_NoMemory();
+        return false;
     }
-    for (size_t i = 0; i < pieces.size(); ++i) {
-        pieces[i].start = at + static_cast<Py_ssize_t>(i) * PIECE_BYTES;
-        pieces[i].wanted = std::min(PIECE_BYTES, nbytes - static_cast<Py_ssize_t>(i) * PIECE_BYTES);
+    for (size_t i = 0; i < pieces->size(); ++i) {
+        (*pieces)[i].start = at + static_cast<Py_ssize_t>(i) * PIECE_BYTES;
+        (*pieces)[i].wanted = std::min(PIECE_BYTES, nbytes - static_cast<Py_ssize_t>(i) * PIECE_BYTES);
     }
+    return true;
+}
+
+// `each` of the pieces, claimed by up to `threads` threads of their own as they go (the caller's among them), the GIL
+// released.
+template <typename Each>
+void on_threads(std::vector<Piece> &pieces, int threads, Each each)
+{
     std::atomic<size_t> next{0};
     auto work = [&] {
         for (size_t i; (i = next.fetch_add(1)) < pieces.size();)
-            read_piece(fd, base, offset + (pieces[i].start - at), &pieces[i]);
+            each(&pieces[i]);
     };
     Py_BEGIN_ALLOW_THREADS
     std::vector<std::thread> workers;
@@ -435,6 +433,11 @@ PyObject *read_summarized(PyObject *, PyObject *args)
     for (std::thread &worker : workers)
         worker.join();
     Py_END_ALLOW_THREADS
+}
+
+// (count, parts): the pieces' bytes as a contiguous run from the first, and each one's (start, end, summary...).
+PyObject *summarized_parts(const std::vector<Piece> &pieces)
+{
     for (const Piece &piece : pieces)
         if (piece.error) {
             errno = piece.error;
@@ -461,6 +464,58 @@ PyObject *read_summarized(PyObject *, PyObject *args)
     PyObject *result = Py_BuildValue("(nO)", total, list);
     Py_DECREF(list);
     return result;
+}
+
+PyObject *read_summarized(PyObject *, PyObject *args)
+{
+    int fd, threads;
+    PyObject *window_obj;
+    Py_ssize_t at, nbytes;
+    long long offset;
+    if (!PyArg_ParseTuple(args, "iOnnLi:read_summarized", &fd, &window_obj, &at, &nbytes, &offset, &threads))
+        return nullptr;
+    Buffer window;
+    if (!window.get(window_obj, PyBUF_WRITABLE))
+        return nullptr;
+    if (at < 0 || nbytes < 0 || at + nbytes > window.view.len || offset < 0 || threads < 1) {
+        PyErr_Format(PyExc_ValueError, "read_summarized: %zd bytes at %zd out of range for %zd bytes (offset %lld, %d threads)",
+                     nbytes, at, window.view.len, offset, threads);
+        return nullptr;
+    }
+    char *base = static_cast<char *>(window.view.buf);
+    std::vector<Piece> pieces;
+    if (!plan_pieces(at, nbytes, &pieces))
+        return nullptr;
+    on_threads(pieces, threads, [&](Piece *piece) { read_piece(fd, base, offset + (piece->start - at), piece); });
+    return summarized_parts(pieces);
+}
+
+// The bytes [start, end) of a buffer already in memory (a mapped file's: its pages are faulted in on these threads),
+// summarized in pieces of PIECE_BYTES on up to `threads` threads, as read_summarized's parts.
+PyObject *summarize_parts(PyObject *, PyObject *args)
+{
+    PyObject *data_obj;
+    Py_ssize_t start, end;
+    int threads;
+    if (!PyArg_ParseTuple(args, "Onni:summarize_parts", &data_obj, &start, &end, &threads))
+        return nullptr;
+    Buffer data;
+    if (!data.get(data_obj, PyBUF_SIMPLE))
+        return nullptr;
+    if (start < 0 || end < start || end > data.view.len || threads < 1) {
+        PyErr_Format(PyExc_ValueError, "summarize_parts: range [%zd, %zd) out of range for %zd bytes (%d threads)", start, end,
+                     data.view.len, threads);
+        return nullptr;
+    }
+    const char *base = static_cast<const char *>(data.view.buf);
+    std::vector<Piece> pieces;
+    if (!plan_pieces(start, end - start, &pieces))
+        return nullptr;
+    on_threads(pieces, threads, [&](Piece *piece) {
+        piece->count = piece->wanted;
+        piece->summary = summarize_range(base, piece->start, piece->start + piece->count);
+    });
+    return summarized_parts(pieces);
 }
 
 // Where a range's rows stand among the file's matrices, for lab_csv.h's blank-line rule.
@@ -994,6 +1049,9 @@ PyMethodDef methods[] = {
     {"read_summarized", read_summarized, METH_VARARGS,
      "read_summarized(fd, window, at, nbytes, offset, threads) -> (count, parts)\n\n"
      "Fill window[at:at + nbytes] from fd at offset with `threads` reads at once, each part summarized."},
+    {"summarize_parts", summarize_parts, METH_VARARGS,
+     "summarize_parts(data, start, end, threads) -> (count, parts)\n\n"
+     "data[start:end] summarized in parts of 1 MB on `threads` threads, as read_summarized's parts."},
     {"parse_rows", parse_rows, METH_VARARGS,
      "parse_rows(data, start, end, width, out[, bound, first_row, matrix_rows, separated]) -> int\n\n"
      "Parse the non-blank lines of data[start:end] as `width` numbers each into the float64 buffer\n"

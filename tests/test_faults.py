@@ -23,7 +23,9 @@ from cnnlab.cli import main as cli
 from cnnlab.cpu.backend import CpuBackend
 from cnnlab.errors import InputFileError
 from cnnlab.files import npy
+from cnnlab.files.csv_reader import CsvImageReader
 from cnnlab.files.labcsv import format_rows
+from cnnlab.files.mapped_text import MappedTextSource
 from cnnlab.files.npy import NpyImageReader
 from cnnlab.generate import random_values
 from cnnlab.network import Cnn, ImageBatch, OutputBatch
@@ -695,3 +697,21 @@ def test_a_npy_infinity_that_the_relu_would_hide_is_still_refused(tmp_path: Path
     message = assert_one_line_error(cnnlab(mode, cnn_path, tmp_path / "in.npy", tmp_path / "out.csv"))
     assert message == f"cnnlab: {tmp_path / 'in.npy'}: image 2 holds -inf: the network takes finite values only\n"
     assert not (tmp_path / "out.csv").exists()
+
+
+# A mapped CSV file (cpu mode's text): whole pages lost (the take or the parse faults on them: SIGBUS, caught), or the
+# tail of the last page only (it reads as zeros, no fault).
+@MAPPED_GUARD
+@pytest.mark.parametrize("cut", [300_000, 100])
+def test_a_mapped_csv_file_truncated_while_being_read_is_an_error_not_a_crash(tmp_path: Path, rng: np.random.Generator, cut: int) -> None:
+    images = random_values(rng, 12, 100, 100)
+    _, path = write_files(tmp_path, random_cnn(rng), images)
+    with CsvImageReader(path, threads=1) as reader:
+        assert isinstance(reader._source, MappedTextSource)
+        out = np.empty((4, 100, 100))
+        assert reader.read_into(out, 4) == 4 and np.array_equal(out, images[:4])
+        os.truncate(path, path.stat().st_size - cut)
+        with pytest.raises(InputFileError, match="cut short while it was read"):
+            while reader.read_into(out, 4):
+                pass
+            reader.finish()

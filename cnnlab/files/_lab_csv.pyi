@@ -39,6 +39,9 @@ def summarize(data: Bytes, start: int, end: int, /) -> Summary:
 def read_summarized(fd: int, window: Bytes, at: int, nbytes: int, offset: int, threads: int, /) -> tuple[int, list[SummarizedPart]]:
     """Fill window[at:at + nbytes] from fd at offset with `threads` reads at once, each part summarized: (count, parts)."""
 
+def summarize_parts(data: Bytes, start: int, end: int, threads: int, /) -> tuple[int, list[SummarizedPart]]:
+    """data[start:end] summarized in parts of 1 MB on `threads` threads, as read_summarized's parts: (count, parts)."""
+
 def parse_rows(
     data: Bytes, start: int, end: int, width: int, out: Floats, bound: int = ..., first_row: int = ..., matrix_rows: int = ...,
     separated: bool = ..., /,

@@ -18,6 +18,7 @@ import numpy as np
 from cnnlab.errors import InputFileError
 from cnnlab.files.inputs import open_for_reading
 from cnnlab.files.lines import Span, SpanAhead, native, scan_rows, warn_if_slow
+from cnnlab.files.mapped_text import MappedTextSource, text_source
 from cnnlab.files.rows import Layout, RowPlace, check_text, cut_row, parse_rows, shorten
 from cnnlab.files.text import READ_BYTES, TextMemory, TextSource
 from cnnlab.network import INPUT_DIM, NO_TRACE, Tracer, default_threads, unsized_capacity
@@ -114,8 +115,13 @@ class CsvImageReader:
             self.stop = threading.Event()  # set when the run stops: a read waiting on a pipe gives up
             # Parsed here, the text is read ahead on a quarter of the threads, the parse taking every core meanwhile.
             ahead = threads if memory is not None else max(1, threads // READ_AHEAD_SHARE)
-            self._source = TextSource(path, self._file, memory, self._pool, threads, self.stop, ahead, trace)
-            self.count = self._read_count()
+            self._source: TextSource | MappedTextSource  # parsed here, the text is mapped where it can be
+            if memory is None and native is not None:
+                self._source = text_source(path, self._file, self._pool, threads, self.stop, ahead, trace)
+            else:
+                self._source = TextSource(path, self._file, memory, self._pool, threads, self.stop, ahead, trace)
+            with self._source.whole():
+                self.count = self._read_count()
             status = os.fstat(self._file.fileno())
             # The first guess, no more than a row of repr's longest values: a file mostly past its N images (a line of
             # gigabytes, say) says little of them, and reading by its bytes per image would take them all at once.
@@ -159,13 +165,14 @@ class CsvImageReader:
         these parse: taking a span (the hand-over of what was read ahead, and its cut) is a tenth of the reader's
         time, which every parsing core but one would otherwise wait through."""
         wanted = max(0, min(len(out), self.count - self.images_read))
-        with self._trace.span("take", images=wanted):
-            span = self._take(wanted)
-        then = max(0, min(next_images, self.count - self.images_read - wanted))
-        if then and span.rows == wanted * INPUT_DIM:
-            self._taken = SpanAhead(self._take_now, then, self._trace)
-        with self._truncation(span, wanted), self._trace.span("parse", images=wanted, bytes=span.end - span.start):
-            self._parse(span, out.reshape(-1))
+        with self._source.whole():  # a mapped file cut short meanwhile: that error, whatever the take or parse found
+            with self._trace.span("take", images=wanted):
+                span = self._take(wanted)
+            then = max(0, min(next_images, self.count - self.images_read - wanted))
+            if then and span.rows == wanted * INPUT_DIM:
+                self._taken = SpanAhead(self._take_now, then, self._trace)
+            with self._truncation(span, wanted), self._trace.span("parse", images=wanted, bytes=span.end - span.start):
+                self._parse(span, out.reshape(-1))
         self.images_read += wanted
         return wanted
 
@@ -230,7 +237,7 @@ class CsvImageReader:
     def reserve_text(self, images: int) -> None:
         """Make the windows hold the text of `images` images (from the file's bytes per image) before read_text
         reads batches that size: page-locked windows are made before the run, as its image buffers are."""
-        assert self._taken is None, "reserve_text() after read_into() that takes ahead"
+        assert self._taken is None and isinstance(self._source, TextSource), "reserve_text() after read_into() that takes ahead"
         self._source.reserve(self._text_bytes(images))
 
     def text_memory(self, images: int) -> int:
@@ -280,7 +287,9 @@ class CsvImageReader:
         """After all N images: an error where a line that follows them holds anything, as rows out of place or a
         count too small would leave there."""
         assert self._taken is None, "finish() before the images taken ahead were read"
-        if self._source.take(1).rows:
+        with self._source.whole():
+            rows = self._source.take(1).rows
+        if rows:
             message = f"data after {announced(self.count)} (a count too small, or rows out of place?)"
             raise InputFileError(self.path, message, self._source.lines_taken)
 

@@ -11,6 +11,7 @@ import os
 import select
 import stat
 import threading
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 import numpy as np
@@ -84,6 +85,7 @@ class TextSource:
         stop: threading.Event | None = None,
         ahead_threads: int | None = None,
         trace: Tracer = NO_TRACE,
+        offset: int = 0,
     ) -> None:
         self.path = path
         self._trace = trace  # a span per read of the file
@@ -94,7 +96,7 @@ class TextSource:
         # The threads that read ahead, while the next span is parsed: all of them where nothing else needs the cores (the
         # GPU parses), fewer where the host parses on every core (a thread reads ~8x the bytes a thread parses).
         self._ahead_threads = ahead_threads or threads
-        self._offset = 0 if pool is not None and stat.S_ISREG(os.fstat(file.fileno()).st_mode) else None  # None: read()
+        self._offset = offset if pool is not None and stat.S_ISREG(os.fstat(file.fileno()).st_mode) else None  # None: read()
         ahead = self._offset is not None and native is not None
         # Empty at first: the first read sizes a window (page-locked memory is slow to make; reserve() sizes them all).
         self._windows = [self._memory.allocate_text(0) for _ in range(3 if ahead else 2)]
@@ -277,6 +279,10 @@ class TextSource:
         with self._trace.span("read", bytes=wanted, offset=offset):
             count = read_at(fd, window.data[at : at + wanted], offset, self._pool, threads)
         return count, [summarize(window, at, at + count)] if count else []
+
+    def whole(self) -> AbstractContextManager[None]:
+        """Around a take and its parse: nothing to check of bytes read (mapped_text.py's checks a mapping's)."""
+        return nullcontext()
 
     def close(self) -> None:
         """Give the windows back (page-locked memory is scarce), once a read ahead into one has ended."""
