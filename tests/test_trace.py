@@ -160,11 +160,11 @@ def test_cuda_trace_has_each_stream_s_copies_and_the_rung_s_kernels(files: tuple
     # A group ("kernels") has no events of its own: it runs from its first span's start to its last one's end.
     for group in (event for event in gpu if event["name"] == "kernels"):
         held = [event for event in gpu if event["tid"] == group["tid"] and event["name"] in ("conv_tiled", "dense_coarsened")
-                and event["args"]["chunk"] == group["args"]["chunk"]]
+                and (event["args"]["batch"], event["args"]["chunk"]) == (group["args"]["batch"], group["args"]["chunk"])]
         assert len(held) == 2
         assert group["ts"] == min(event["ts"] for event in held)
         assert group["ts"] + group["dur"] == pytest.approx(max(event["ts"] + event["dur"] for event in held))
-    assert all("chunk" in event.get("args", {}) for event in gpu if event["name"] in ("conv_tiled", "dense_coarsened"))
+    assert all({"batch", "chunk"} <= event.get("args", {}).keys() for event in gpu if event["name"] in ("conv_tiled", "dense_coarsened"))
     # The events placed on the host's clock: inside the run's loop (its anchor is midway through a wait of microseconds).
     [loop] = [event for event in trace["traceEvents"] if event["name"] == "loop"]
     assert all(loop["ts"] - 100 <= event["ts"] and event["ts"] + event["dur"] <= loop["ts"] + loop["dur"] + 100 for event in gpu)

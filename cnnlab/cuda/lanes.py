@@ -235,6 +235,7 @@ class Lanes:
         self._nonfinite, self._find_nonfinite = nonfinite, find_nonfinite
         self._host_partials: np.ndarray | None = None  # page-locked (chunks, segments, chunk, 10), grown as needed
         self._chunk_done: list[Any] = []  # an event per chunk: its partials are on the host
+        self._batches = 0  # the batches scheduled so far: a stream span names its batch, as chunks count from 0 in each
         self.lanes: list[Lane] = []
         self.chunk = chunk
         while True:
@@ -268,7 +269,8 @@ class Lanes:
         was a NaN or an infinity (found by conv2d_relu as it loads them, or, for a rung whose kernels make
         no such check, by find_nonfinite before them)."""
         lanes, trace = len(self.lanes), self._trace
-        chunks = math.ceil(count / chunk)
+        chunks, batch = math.ceil(count / chunk), self._batches
+        self._batches += 1
         flag = np.zeros(1, np.int32)
         separate_check = check_finite and not self._launcher.checks_finite
         with device_errors("CUDA error while computing"):
@@ -278,18 +280,18 @@ class Lanes:
                 round_ = range(first, min(first + lanes, chunks))
                 for index in round_:
                     lane = self.lanes[index % lanes]
-                    with trace.group("chunk in", lane.stream, chunk=index, images=min(chunk, count - index * chunk)):
+                    with trace.group("chunk in", lane.stream, batch=batch, chunk=index, images=min(chunk, count - index * chunk)):
                         source.start(lane, index)
                 for index in round_:
                     lane = self.lanes[index % lanes]
                     images = min(chunk, count - index * chunk)
                     with trace.span("images ready", chunk=index):
                         address = source.images(lane, index)
-                    with trace.group("kernels", lane.stream, chunk=index, images=images):
+                    with trace.group("kernels", lane.stream, batch=batch, chunk=index, images=images):
                         if separate_check:
                             self._find_nonfinite(lane.stream, address, images, self._nonfinite)
                         lane.run(self._launcher, address, images)
-                    with trace.group("chunk out", lane.stream, chunk=index, images=images):
+                    with trace.group("chunk out", lane.stream, batch=batch, chunk=index, images=images):
                         outputs.take(lane, index, images)
             outputs.finish(self.lanes)
             for lane in self.lanes:
