@@ -16,6 +16,20 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"cnnlab random seed: {SESSION_SEED} (set CNNLAB_TEST_SEED to repeat)"
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--long", action="store_true", help="also run the tests marked long (the fuzz tests' long profiles: minutes each)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The long profiles are asked for, not run by default: `make test` stays minutes, not a quarter of an hour."""
+    if config.getoption("--long"):
+        return
+    skip = pytest.mark.skip(reason="a long profile: run with --long (make test PYTEST_ARGS=--long)")
+    for item in items:
+        if "long" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture
 def rng(request: pytest.FixtureRequest) -> np.random.Generator:
     """A generator fresh for each run and distinct for each test."""

@@ -515,4 +515,4 @@ def _gpu_fuzz(examples: int):  # noqa: ANN202
 
 
 test_mutated_files_through_the_gpu_parser = _gpu_fuzz(30)
-test_mutated_files_through_the_gpu_parser_long = pytest.mark.slow(_gpu_fuzz(400))
+test_mutated_files_through_the_gpu_parser_long = pytest.mark.long(pytest.mark.slow(_gpu_fuzz(400)))

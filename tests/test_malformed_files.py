@@ -4,7 +4,7 @@ For every mutation (a row, a value or a blank line dropped, duplicated or moved;
 file cut anywhere; CRLF mixed in; the count changed), each of cpu mode's native parser (every row parser this CPU
 runs), its Python twin and `convert` must give exactly what an independent reader of the lab's layout (lab_layout.py,
 float() and the layout's rules) gives, or, where that reader refuses the files, exit with status 2, one line on
-stderr, and the output path as it was. The GPU parser's half is in test_csv_gpu.py. Seeded; `-m slow` runs a longer
+stderr, and the output path as it was. The GPU parser's half is in test_csv_gpu.py. Seeded; `--long` runs a longer
 profile.
 """
 
@@ -28,7 +28,7 @@ IMAGES = 3
 PHASES = [Phase.explicit, Phase.reuse, Phase.generate]
 PROFILES = {
     "default": settings(max_examples=12, deadline=None, derandomize=True, phases=PHASES, suppress_health_check=list(HealthCheck)),
-    "slow": settings(max_examples=400, deadline=None, derandomize=True, phases=PHASES, suppress_health_check=list(HealthCheck)),
+    "long": settings(max_examples=400, deadline=None, derandomize=True, phases=PHASES, suppress_health_check=list(HealthCheck)),
 }
 
 
@@ -102,7 +102,7 @@ def _fuzz(profile: str):  # noqa: ANN202
 
 
 test_mutated_files_give_the_reference_or_one_line = _fuzz("default")
-test_mutated_files_give_the_reference_or_one_line_long = pytest.mark.slow(_fuzz("slow"))
+test_mutated_files_give_the_reference_or_one_line_long = pytest.mark.long(pytest.mark.slow(_fuzz("long")))
 
 
 @pytest.mark.parametrize("base", sorted(BASES))

@@ -4,7 +4,7 @@
 # this Python and the kernels' fatbins, then the stages asked for. Logs and figures go to $OUT
 # (default out/gpu); big files to $WORK (default /tmp).
 #   tools/gpu-check.sh [tests] [bench] [bar] [startup] [npy] [memory] [failrate] [long] [ladder]   (default: all)
-#   tests     every test, GPU ones included
+#   tests     every test, GPU ones and the fuzz tests' long profiles (--long) included
 #   bench     cnnlab bench, every row, with --json and --plot
 #   ladder    the optimization ladder: its tests, the top rung's tuning sweep and SASS counts,
 #             then cnnlab bench --rows kernels,peers with --json and --plot
@@ -82,7 +82,7 @@ for stage in $stages; do
   echo "== $stage" | tee -a "$OUT/stages.log"
   case $stage in
     tests)
-      python3 -m pytest -q -rs -p no:cacheprovider tests 2>&1 | tee "$OUT/tests.log" || status=1 ;;
+      python3 -m pytest -q -rs -p no:cacheprovider --long tests 2>&1 | tee "$OUT/tests.log" || status=1 ;;
     bench)
       cnnlab bench --json "$OUT/bench.json" --plot "$OUT/bench.png" 2>&1 | tee "$OUT/bench.log" || status=1 ;;
     ladder)
@@ -224,8 +224,9 @@ for stage in $stages; do
     trace)
       job30k
       {
-        for mode in cpu cuda; do
-          python3 tools/trace_overhead.py $mode "$WORK/job/cnn.csv" "$WORK/job/in30k.csv" --runs 3 --trace "$OUT/trace-$mode.json.gz"
+        for mode_runs in "cuda 15" "cpu 9"; do
+          set -- $mode_runs; mode=$1
+          python3 tools/trace_overhead.py $mode "$WORK/job/cnn.csv" "$WORK/job/in30k.csv" --runs $2 --trace "$OUT/trace-$mode.json.gz"
           cnnlab trace-plot "$OUT/trace-$mode.json.gz" "$OUT/trace-$mode.png"
         done
         python3 -m pytest -q -rs -p no:cacheprovider tests/test_trace.py

@@ -5,15 +5,23 @@ loop's seconds of each from --timing-json, and the ratio with/without taken pair
 
 PATH (.json or .json.gz) keeps the last traced run's trace, for `cnnlab trace-plot`. Prints each run's loop seconds, the
 median (min..max) of each side and of the ratio: docs/trace.md's overhead figures are this (tools/gpu-check.sh trace).
+
+A whole run's loop varies by more than the trace costs it, so the tool also gives the cost from below: what a span
+costs here (host spans; in cuda mode, stream spans with their CUDA events, recorded, then settled), times the spans of
+the last trace that the main thread recorded, over that run's loop. The main thread records every stream span, and
+in both modes it waits on the reader most of the loop: its share is what the trace could add to the loop, at most.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import subprocess
 import sys
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from paired_wall import spread
@@ -22,6 +30,74 @@ from paired_wall import spread
 def loop_seconds(command: list[str], timing: Path) -> float:
     subprocess.run([*command, "--timing-json", str(timing)], stdout=subprocess.DEVNULL, check=True)
     return float(json.loads(timing.read_text())["loop_seconds"])
+
+
+@dataclass(frozen=True)
+class TraceCost:
+    """The main thread's time in the recorder during a traced run, estimated from its spans and their cost here."""
+
+    host_spans: int
+    stream_spans: int  # groups included: they cost a Python call, not events
+    host_span_us: float
+    stream_span_us: float
+    loop_seconds: float
+
+    @property
+    def seconds(self) -> float:
+        return (self.host_spans * self.host_span_us + self.stream_spans * self.stream_span_us) / 1e6
+
+    def __str__(self) -> str:
+        return (
+            f"{self.host_spans} host spans x {self.host_span_us:.2f} us + {self.stream_spans} stream spans x "
+            f"{self.stream_span_us:.2f} us = {self.seconds * 1e3:.1f} ms, {self.seconds / self.loop_seconds:.1%} of the "
+            f"{self.loop_seconds:.3f} s loop"
+        )
+
+
+def span_microseconds(cuda: bool, spans: int = 20000) -> tuple[float, float]:
+    """What a host span and (given cuda) a stream span cost on this machine, in microseconds: the least of three rounds.
+    A stream span is recorded as the runs record them, its two events on the stream, and settled in rounds of 64."""
+    from cnnlab.trace.recorder import Recorder
+
+    recorder = Recorder()
+
+    def host_round() -> float:
+        start = time.perf_counter()
+        for _ in range(spans):
+            with recorder.span("x"):
+                pass
+        return (time.perf_counter() - start) / spans * 1e6
+
+    host = min(host_round() for _ in range(3))
+    if not cuda:
+        return host, 0.0
+    import pycuda.autoinit  # noqa: F401  (a context for the stream)
+    import pycuda.driver as driver
+
+    stream = driver.Stream()
+
+    def stream_round() -> float:
+        start = time.perf_counter()
+        for _ in range(spans // 64):
+            for _ in range(64):
+                with recorder.span("x", stream):
+                    pass
+            recorder.settle(stream)
+        return (time.perf_counter() - start) / (spans // 64 * 64) * 1e6
+
+    return host, min(stream_round() for _ in range(3))
+
+
+def trace_cost(path: Path, cuda: bool) -> TraceCost:
+    """The cost of the trace at `path` to its run's main thread (see TraceCost)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as file:
+        trace = json.load(file)
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
+    spans = [event for event in trace["traceEvents"] if event["ph"] == "X"]
+    host = sum(1 for event in spans if names.get((event["pid"], event["tid"])) == "main loop")
+    stream = sum(1 for event in spans if names.get((event["pid"], event["tid"]), "").startswith("stream "))
+    return TraceCost(host, stream, *span_microseconds(cuda), trace["otherData"]["loop_seconds"])
 
 
 def main() -> None:
@@ -43,6 +119,7 @@ def main() -> None:
     print(f"without --trace   loop s {spread(plain)}")
     print(f"with --trace      loop s {spread(traced)}")
     print(f"with/without      {spread([b / a for a, b in zip(plain, traced)])}   ({args.runs} pairs, {args.mode})")
+    print(f"from below        {trace_cost(Path(args.trace), args.mode == 'cuda')}")
 
 
 if __name__ == "__main__":

@@ -210,12 +210,14 @@ class Recorder:
         if track is None:
             return
         times: list[tuple[float, float] | None] = []  # each pending span's, on the host's clock (None: a group of none)
+        last = next((end for *_, end in reversed(track.pending) if end is not None), None)
+        if last is not None:
+            last.synchronize()  # a stream runs its work in order: every event recorded before it has happened too
         for name, args, start, end in track.pending:
             if end is None:  # a group: from its first span's start to its last one's end
                 held = [span for span in times[start:] if span is not None]
                 times.append((held[0][0], max(stop for _, stop in held)) if held else None)
             else:
-                end.synchronize()
                 start_ns = track.anchor_ns + start.time_since(track.anchor) * 1e6
                 times.append((start_ns, start_ns + end.time_since(start) * 1e6))
                 track.free += (start, end)
