@@ -6,7 +6,7 @@ loop's seconds of each from --timing-json, and the ratio with/without taken pair
 PATH (.json or .json.gz) keeps the last traced run's trace, for `cnnlab trace-plot`. Prints each run's loop seconds, the
 median (min..max) of each side and of the ratio: docs/trace.md's overhead figures are this (tools/gpu-check.sh trace).
 
-A whole run's loop varies by more than the trace costs it, so the tool also gives the cost from below: what a span
+A whole run's loop varies by more than the trace costs it, so the tool also gives the recorder's own time: what a span
 costs here (host spans; in cuda mode, stream spans with their CUDA events, recorded, then settled), times the spans of
 the last trace that the main thread recorded, over that run's loop. The main thread records every stream span, and
 in both modes it waits on the reader most of the loop: its share is what the trace could add to the loop, at most.
@@ -119,7 +119,7 @@ def main() -> None:
     print(f"without --trace   loop s {spread(plain)}")
     print(f"with --trace      loop s {spread(traced)}")
     print(f"with/without      {spread([b / a for a, b in zip(plain, traced)])}   ({args.runs} pairs, {args.mode})")
-    print(f"from below        {trace_cost(Path(args.trace), args.mode == 'cuda')}")
+    print(f"recorder's time   {trace_cost(Path(args.trace), args.mode == 'cuda')}")
 
 
 if __name__ == "__main__":
