@@ -21,13 +21,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The long profiles are asked for, not run by default: `make test` stays minutes, not a quarter of an hour."""
-    if config.getoption("--long"):
-        return
+    """The long profiles are asked for, not run by default: `make test` stays minutes, not a quarter of an hour. The GPU's
+    tests are one xdist group: under `make test`'s workers they run one at a time, as their device memory figures assume."""
+    long = config.getoption("--long")
     skip = pytest.mark.skip(reason="a long profile: run with --long (make test PYTEST_ARGS=--long)")
     for item in items:
-        if "long" in item.keywords:
+        if "long" in item.keywords and not long:
             item.add_marker(skip)
+        if "gpu" in item.keywords:
+            item.add_marker(pytest.mark.xdist_group("gpu"))
 
 
 @pytest.fixture

@@ -43,10 +43,6 @@ class _StreamTrack:
     # Events settled and free again (of this stream's context): making one costs more than recording it.
     free: list[Any] = field(default_factory=list)
 
-    def event(self, driver: Any) -> Any:
-        """A CUDA event to record a span's start or end with."""
-        return self.free.pop() if self.free else driver.Event()
-
 
 class _HostSpan:
     """A span of the calling thread's time, appended to the recorder's events as it ends."""
@@ -78,26 +74,28 @@ class _StreamSpan:
     def __init__(self, recorder: Recorder, name: str, stream: Any, args: dict[str, Any], group: bool = False) -> None:
         self._recorder, self._name, self._stream, self._args, self._group = recorder, name, stream, args, group
 
+    # The run's main thread opens a few of these a chunk: they are kept to the calls that must happen now (the events'
+    # records); the events' times are read in settle(), and the trace's JSON objects made only when it is written.
     def __enter__(self) -> None:
         recorder = self._recorder
         if recorder.nvtx is not None:
             recorder.nvtx.push_range(self._name)
         track = self._track = recorder.stream_track(self._stream)
-        if track.open:  # a kernel inside "kernels" names its chunk as the span around it does
-            self._args = {**track.open[-1], **self._args}
+        if track.open:  # a kernel inside "kernels" names its chunk as the span around it does (the same dict: never changed)
+            self._args = {**track.open[-1], **self._args} if self._args else track.open[-1]
         track.open.append(self._args)
         if self._group:
             self._first = len(track.pending)  # its spans are those pending from here on
         else:
-            self._start = track.event(recorder.driver)
-            self._start.record(self._stream)
+            self._start = start = track.free.pop() if track.free else recorder.driver.Event()
+            start.record(self._stream)
 
     def __exit__(self, *exc_info: object) -> None:
         track = self._track
         if self._group:
             track.pending.append((self._name, self._args, self._first, None))
         else:
-            end = track.event(self._recorder.driver)
+            end = track.free.pop() if track.free else self._recorder.driver.Event()
             end.record(self._stream)
             track.pending.append((self._name, self._args, self._start, end))
         track.open.pop()
@@ -143,7 +141,7 @@ class Recorder:
     enabled = True
 
     def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
+        self.spans: list[tuple[str, int, int, float, float, dict[str, Any]]] = []  # name, pid, tid, start and end ns, args
         self.metadata: dict[str, Any] = {}  # the run's figures, as the trace's otherData
         self.nvtx = _import_nvtx()
         self.driver: Any = None  # pycuda.driver, once a stream span needs events
@@ -168,10 +166,18 @@ class Recorder:
 
     def add(self, name: str, pid: int, tid: int, start_ns: float, end_ns: float, args: dict[str, Any]) -> None:
         """A complete event, its times given on perf_counter_ns's clock."""
-        event = {"name": name, "ph": "X", "ts": (start_ns - self._origin) / 1000, "dur": (end_ns - start_ns) / 1000, "pid": pid, "tid": tid}
-        if args:
-            event["args"] = args
-        self.events.append(event)
+        self.spans.append((name, pid, tid, start_ns, end_ns, args))
+
+    def events(self) -> list[dict[str, Any]]:
+        """The spans as the format's complete events ("ph": "X"), ts and dur in microseconds from the trace's time 0."""
+        events = []
+        for name, pid, tid, start_ns, end_ns, args in self.spans:
+            ts, dur = (start_ns - self._origin) / 1000, (end_ns - start_ns) / 1000
+            event = {"name": name, "ph": "X", "ts": ts, "dur": dur, "pid": pid, "tid": tid}
+            if args:
+                event["args"] = args
+            events.append(event)
+        return events
 
     def thread_track(self) -> int:
         """The calling thread's track (its thread id), named after the thread the first time."""
@@ -213,16 +219,17 @@ class Recorder:
         last = next((end for *_, end in reversed(track.pending) if end is not None), None)
         if last is not None:
             last.synchronize()  # a stream runs its work in order: every event recorded before it has happened too
+        anchor, anchor_ns, tid, spans, free = track.anchor, track.anchor_ns, track.tid, self.spans, track.free
         for name, args, start, end in track.pending:
             if end is None:  # a group: from its first span's start to its last one's end
                 held = [span for span in times[start:] if span is not None]
                 times.append((held[0][0], max(stop for _, stop in held)) if held else None)
             else:
-                start_ns = track.anchor_ns + start.time_since(track.anchor) * 1e6
+                start_ns = anchor_ns + start.time_since(anchor) * 1e6
                 times.append((start_ns, start_ns + end.time_since(start) * 1e6))
-                track.free += (start, end)
+                free += (start, end)
             if times[-1] is not None:
-                self.add(name, GPU_PID, track.tid, *times[-1], args)
+                spans.append((name, GPU_PID, tid, *times[-1], args))
         track.pending.clear()
 
     def trace(self) -> dict[str, Any]:
@@ -232,7 +239,7 @@ class Recorder:
             names.append(_metadata("process_name", GPU_PID, 0, name=f"GPU ({self.metadata.get('device')})"))
         for index, ((pid, tid), name) in enumerate(self._names.items()):  # tracks in the order they first appeared
             names += [_metadata("thread_name", pid, tid, name=name), _metadata("thread_sort_index", pid, tid, sort_index=index)]
-        return {"traceEvents": self.events + names, "displayTimeUnit": "ms", "otherData": self.metadata}
+        return {"traceEvents": self.events() + names, "displayTimeUnit": "ms", "otherData": self.metadata}
 
     def write(self, out: Any, compress: bool) -> None:
         """Write the trace to the binary stream `out`, gzip-compressed where `compress`."""
