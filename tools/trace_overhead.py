@@ -21,7 +21,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from paired_wall import spread
@@ -33,71 +37,80 @@ def loop_seconds(command: list[str], timing: Path) -> float:
 
 
 @dataclass(frozen=True)
+class SpanCosts:
+    """What a span costs the thread that records it on this machine, in microseconds."""
+
+    host: float
+    stream: float  # its two CUDA events recorded, then their times read and placed (settle)
+    group: float  # a stream span timed by those it holds: no events, Python only
+
+
+@dataclass(frozen=True)
 class TraceCost:
     """The main thread's time in the recorder during a traced run, estimated from its spans and their cost here."""
 
     host_spans: int
-    stream_spans: int  # groups included: they cost a Python call, not events
-    host_span_us: float
-    stream_span_us: float
+    stream_spans: int
+    groups: int
+    costs: SpanCosts
     loop_seconds: float
 
     @property
     def seconds(self) -> float:
-        return (self.host_spans * self.host_span_us + self.stream_spans * self.stream_span_us) / 1e6
+        costs = self.costs
+        return (self.host_spans * costs.host + self.stream_spans * costs.stream + self.groups * costs.group) / 1e6
 
     def __str__(self) -> str:
         return (
-            f"{self.host_spans} host spans x {self.host_span_us:.2f} us + {self.stream_spans} stream spans x "
-            f"{self.stream_span_us:.2f} us = {self.seconds * 1e3:.1f} ms, {self.seconds / self.loop_seconds:.1%} of the "
-            f"{self.loop_seconds:.3f} s loop"
+            f"{self.host_spans} host spans x {self.costs.host:.2f} us + {self.stream_spans} stream spans x {self.costs.stream:.2f} us"
+            f" + {self.groups} groups x {self.costs.group:.2f} us = {self.seconds * 1e3:.1f} ms, "
+            f"{self.seconds / self.loop_seconds:.1%} of the {self.loop_seconds:.3f} s loop"
         )
 
 
-def span_microseconds(cuda: bool, spans: int = 20000) -> tuple[float, float]:
-    """What a host span and (given cuda) a stream span cost on this machine, in microseconds: the least of three rounds.
-    A stream span is recorded as the runs record them, its two events on the stream, and settled in rounds of 64."""
+def span_costs(cuda: bool, spans: int = 64 * 320) -> SpanCosts:
+    """What each kind of span costs on this machine: the least of three rounds of `spans`. Stream spans are recorded as
+    the runs record them, and settled every 64 (a batch's worth)."""
     from cnnlab.trace.recorder import Recorder
 
     recorder = Recorder()
 
-    def host_round() -> float:
-        start = time.perf_counter()
-        for _ in range(spans):
-            with recorder.span("x"):
-                pass
-        return (time.perf_counter() - start) / spans * 1e6
+    def microseconds(open_span: Callable[[], AbstractContextManager[object]], settle: Callable[[], None] = lambda: None) -> float:
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            for _ in range(spans // 64):
+                for _ in range(64):
+                    with open_span():
+                        pass
+                settle()
+            best = min(best, (time.perf_counter() - start) / spans * 1e6)
+        return best
 
-    host = min(host_round() for _ in range(3))
+    host = microseconds(lambda: recorder.span("x"))
     if not cuda:
-        return host, 0.0
+        return SpanCosts(host, 0.0, 0.0)
     import pycuda.autoinit  # noqa: F401  (a context for the stream)
     import pycuda.driver as driver
 
     stream = driver.Stream()
-
-    def stream_round() -> float:
-        start = time.perf_counter()
-        for _ in range(spans // 64):
-            for _ in range(64):
-                with recorder.span("x", stream):
-                    pass
-            recorder.settle(stream)
-        return (time.perf_counter() - start) / (spans // 64 * 64) * 1e6
-
-    return host, min(stream_round() for _ in range(3))
+    settle = partial(recorder.settle, stream)
+    group = microseconds(lambda: recorder.group("x", stream), settle)
+    return SpanCosts(host, microseconds(lambda: recorder.span("x", stream), settle), group)
 
 
 def trace_cost(path: Path, cuda: bool) -> TraceCost:
-    """The cost of the trace at `path` to its run's main thread (see TraceCost)."""
+    """The cost of the trace at `path` to its run's main thread (see TraceCost). A group starts where the first span it
+    holds starts: of the stream spans that start at one time on one stream, all but the innermost are groups."""
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt") as file:
         trace = json.load(file)
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
     spans = [event for event in trace["traceEvents"] if event["ph"] == "X"]
     host = sum(1 for event in spans if names.get((event["pid"], event["tid"])) == "main loop")
-    stream = sum(1 for event in spans if names.get((event["pid"], event["tid"]), "").startswith("stream "))
-    return TraceCost(host, stream, *span_microseconds(cuda), trace["otherData"]["loop_seconds"])
+    starts = Counter((event["tid"], event["ts"]) for event in spans if names.get((event["pid"], event["tid"]), "").startswith("stream "))
+    groups = sum(starts.values()) - len(starts)
+    return TraceCost(host, len(starts), groups, span_costs(cuda), trace["otherData"]["loop_seconds"])
 
 
 def main() -> None:

@@ -80,7 +80,7 @@ class _StreamSpan:
         recorder = self._recorder
         if recorder.nvtx is not None:
             recorder.nvtx.push_range(self._name)
-        track = self._track = recorder.stream_track(self._stream)
+        track = self._track = recorder._streams.get(id(self._stream)) or recorder.stream_track(self._stream)
         if track.open:  # a kernel inside "kernels" names its chunk as the span around it does (the same dict: never changed)
             self._args = {**track.open[-1], **self._args} if self._args else track.open[-1]
         track.open.append(self._args)
