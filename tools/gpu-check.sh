@@ -224,7 +224,7 @@ for stage in $stages; do
     trace)
       job30k
       {
-        for mode_runs in "cuda 15" "cpu 9"; do
+        for mode_runs in "cuda 25" "cpu 9"; do
           set -- $mode_runs; mode=$1
           python3 tools/trace_overhead.py $mode "$WORK/job/cnn.csv" "$WORK/job/in30k.csv" --runs $2 --trace "$OUT/trace-$mode.json.gz"
           cnnlab trace-plot "$OUT/trace-$mode.json.gz" "$OUT/trace-$mode.png"
