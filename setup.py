@@ -105,7 +105,7 @@ setup(
             "cnnlab.files._lab_csv",
             ["native/lab_csv_module.cpp"],
             include_dirs=["kernel", "native"],
-            depends=["kernel/lab_csv.h", "kernel/lab_pow5_table.h", "native/pool.h"],
+            depends=["kernel/lab_csv.h", "kernel/lab_pow5_table.h", "native/isa_table.h", "native/lab_csv_simd.h", "native/pool.h"],
             extra_compile_args=["-O3", "-std=c++17", "-fvisibility=hidden", "-pthread"],
             extra_link_args=["-pthread"],
             language="c++",
@@ -113,7 +113,7 @@ setup(
         Extension(
             "cnnlab.cpu._forward",
             ["native/cpu_forward.cpp"],
-            depends=["native/cpu_forward_kernels.h", "native/pool.h", "cnnlab/network.py"],
+            depends=["native/cpu_forward_kernels.h", "native/isa_table.h", "native/pool.h", "cnnlab/network.py"],
             define_macros=[(name, str(value)) for name, value in network_sizes().items()],
             # -fno-wrapv undoes Python's -fwrapv, which keeps gcc from turning the kernels' int indices into pointer
             # steps: the AVX2 forward spills and runs 0.8x without it.

@@ -59,6 +59,7 @@
 #include <thread>
 #include <vector>
 
+#include "isa_table.h"
 #include "pool.h"
 
 #if !defined(INPUT_DIM) || !defined(FILTER_DIM) || !defined(CONV_LAYER_SIZE) || !defined(CONV_OUT_DIM) || \
@@ -184,13 +185,7 @@ const Kernels KERNELS[] = {  // widest first
 };
 
 // The plain loop's and read's kernels, and the forward's where none is asked for: the widest this CPU runs.
-const Kernels &best_kernels()
-{
-    for (const Kernels &kernels : KERNELS)
-        if (kernels.runs_here())
-            return kernels;
-    return KERNELS[2];
-}
+const Kernels &best_kernels() { return widest_runnable(KERNELS); }
 
 struct Forward {
     PyObject_HEAD
@@ -459,23 +454,6 @@ PyGetSetDef Forward_getset[] = {
     {nullptr, nullptr, nullptr, nullptr, nullptr},
 };
 
-// The kernels' names as a tuple, widest first: all of them (ISAS), or those this CPU runs (CPU_ISAS).
-PyObject *isa_names(bool here_only)
-{
-    PyObject *names = PyList_New(0);
-    for (const Kernels &kernels : KERNELS) {
-        if (!names || (here_only && !kernels.runs_here()))
-            continue;
-        PyObject *name = PyUnicode_FromString(kernels.name);
-        if (!name || PyList_Append(names, name) < 0)
-            Py_CLEAR(names);
-        Py_XDECREF(name);
-    }
-    PyObject *tuple = names ? PyList_AsTuple(names) : nullptr;
-    Py_XDECREF(names);
-    return tuple;
-}
-
 PyTypeObject ForwardType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 PyModuleDef module = {
@@ -508,13 +486,9 @@ PyMODINIT_FUNC PyInit__forward(void)
         Py_DECREF(m);
         return nullptr;
     }
-    for (const bool here_only : {false, true}) {
-        PyObject *names = isa_names(here_only);
-        if (!names || PyModule_AddObject(m, here_only ? "CPU_ISAS" : "ISAS", names) < 0) {
-            Py_XDECREF(names);
-            Py_DECREF(m);
-            return nullptr;
-        }
+    if (add_isa_names(m, KERNELS) < 0) {
+        Py_DECREF(m);
+        return nullptr;
     }
     return m;
 }

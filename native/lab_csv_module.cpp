@@ -101,6 +101,7 @@
 #include <vector>
 
 #include "lab_csv.h"
+#include "isa_table.h"
 #include "lab_csv_simd.h"
 #include "pool.h"
 
@@ -236,14 +237,6 @@ const RowKernel row_kernels[] = {
 
 // The row parser in use: the widest this CPU runs, unless use_isa() chose another.
 std::atomic<const RowKernel *> row_kernel{nullptr};
-
-const RowKernel *best_row_kernel()
-{
-    for (const RowKernel &kernel : row_kernels)
-        if (kernel.runs_here())
-            return &kernel;
-    return &row_kernels[sizeof row_kernels / sizeof row_kernels[0] - 1];
-}
 
 struct Buffer {
     Py_buffer view;
@@ -1019,25 +1012,6 @@ PyObject *use_isa(PyObject *, PyObject *arg)
     return PyErr_Format(PyExc_ValueError, "use_isa: no row parser is named '%s'", name);
 }
 
-// The row parsers' names: all this build holds, or those this CPU runs.
-PyObject *row_isa_names(bool here_only)
-{
-    PyObject *names = PyTuple_New(0);
-    for (const RowKernel &kernel : row_kernels) {
-        if (!names || (here_only && !kernel.runs_here()))
-            continue;
-        PyObject *name = PyUnicode_FromString(kernel.name);
-        const Py_ssize_t size = PyTuple_GET_SIZE(names);
-        if (!name || _PyTuple_Resize(&names, size + 1) < 0) {
-            Py_XDECREF(name);
-            Py_XDECREF(names);
-            return nullptr;
-        }
-        PyTuple_SET_ITEM(names, size, name);
-    }
-    return names;
-}
-
 PyMethodDef methods[] = {
     {"scan_rows", scan_rows, METH_VARARGS,
      "scan_rows(data, start, rows, max_line_bytes) -> (end, rows_found, lines_passed)\n\n"
@@ -1109,14 +1083,10 @@ PyMODINIT_FUNC PyInit__lab_csv(void)
         Py_DECREF(m);
         return nullptr;
     }
-    row_kernel.store(best_row_kernel());
-    for (const bool here_only : {false, true}) {
-        PyObject *names = row_isa_names(here_only);
-        if (!names || PyModule_AddObject(m, here_only ? "CPU_ISAS" : "ISAS", names) < 0) {
-            Py_XDECREF(names);
-            Py_DECREF(m);
-            return nullptr;
-        }
+    row_kernel.store(&widest_runnable(row_kernels));
+    if (add_isa_names(m, row_kernels) < 0) {
+        Py_DECREF(m);
+        return nullptr;
     }
     if (PyModule_AddIntConstant(m, "FIELD_OK", LAB_FIELD_OK) < 0 || PyModule_AddIntConstant(m, "FIELD_HOST", LAB_FIELD_HOST) < 0 ||
         PyModule_AddIntConstant(m, "FIELD_BAD", LAB_FIELD_BAD) < 0) {
