@@ -58,8 +58,8 @@ class Prefetcher:
 
     `read(slot, stop)` fills a slot (a host buffer; for CSV text and a mapped .npy file nothing but a turn) with the next
     batch, or returns None at the end; it checks `stop` between steps, so that leaving early never
-    waits for a whole batch, and never leaves the thread writing into a freed buffer. `trace` gets a span per batch read
-    and per wait for one.
+    waits for a whole batch, and never leaves the thread writing into a freed buffer. `trace` gets a span for the
+    thread's start, per batch read and per wait for one.
     """
 
     def __init__(
@@ -76,7 +76,8 @@ class Prefetcher:
             self._empty.put((slot,))
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._read, name="cnnlab-reader", daemon=True)
-        self._thread.start()
+        with trace.span("start reader"):  # start() waits for the new thread to run: milliseconds on a busy machine
+            self._thread.start()
 
     def _read(self) -> None:
         try:

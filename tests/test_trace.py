@@ -89,7 +89,7 @@ def test_cpu_trace_follows_the_format_and_changes_no_output(files: tuple[Path, P
     batches = [span for span in main if span["name"] == "batch"]
     assert [span["args"]["batch"] for span in batches] == list(range(5)) and sum(span["args"]["images"] for span in batches) == 300
     assert {"compute", "write", "wait for batch"} <= {span["name"] for span in main}
-    assert coverage([span for span in main if span["name"] in ("batch", "wait for batch")], loop) >= 0.95
+    assert coverage([span for span in main if span["name"] in ("start reader", "batch", "wait for batch")], loop) >= 0.95
     pieces = [event for event in trace["traceEvents"] if event["name"] == "parse piece"]
     steps = [event for event in trace["traceEvents"] if event["name"] == "parse"]
     assert sum(piece["args"]["bytes"] for piece in pieces) == sum(step["args"]["bytes"] for step in steps) > 0
