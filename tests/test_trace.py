@@ -140,6 +140,68 @@ def test_trace_plot_refuses_what_is_not_a_trace(tmp_path: Path) -> None:
     assert not (tmp_path / "t.png").exists()
 
 
+class FakeEvent:
+    """A CUDA event on a fake GPU clock (milliseconds, as PyCUDA's time_since gives them): `record` reads the clock."""
+
+    made = 0
+    clock_ms = 0.0
+
+    def __init__(self) -> None:
+        FakeEvent.made += 1
+        self.at_ms: float | None = None
+
+    def record(self, stream: object) -> None:
+        self.at_ms = FakeEvent.clock_ms
+
+    def synchronize(self) -> None:
+        assert self.at_ms is not None
+
+    def time_since(self, other: FakeEvent) -> float:
+        assert self.at_ms is not None and other.at_ms is not None
+        return self.at_ms - other.at_ms
+
+
+class FakeDriver:
+    Event = FakeEvent
+
+
+def test_stream_spans_share_a_group_s_boundaries_and_reuse_settled_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A group's spans queued back to back: each after the first starts at its predecessor's end (one event a span); the
+    group runs from the first's start to the last's end; settled events are recorded again, not made anew."""
+    from cnnlab.trace.recorder import GPU_PID, Recorder
+
+    recorder, stream = Recorder(), object()
+    recorder.nvtx, recorder.driver = None, FakeDriver()
+    monkeypatch.setattr(FakeEvent, "made", 0)
+    monkeypatch.setattr(FakeEvent, "clock_ms", 1.0)
+    track = recorder.stream_track(stream)  # its anchor at 1.0 ms on the fake clock
+
+    def chunk(batch: int) -> None:
+        with recorder.span("copy in", stream, bytes=8):
+            FakeEvent.clock_ms += 0.5
+        FakeEvent.clock_ms += 0.25  # the stream idle: the next span starts later
+        with recorder.group("kernels", stream, batch=batch):
+            for kernel, ms in (("conv", 1.0), ("dense", 2.0)):
+                with recorder.span(kernel, stream):
+                    FakeEvent.clock_ms += ms
+
+    chunk(0)
+    recorder.settle(stream)
+    made = FakeEvent.made
+    chunk(1)
+    recorder.settle(stream)
+    assert FakeEvent.made == made == 1 + 5  # the anchor, then two events for "copy in" and three for the two kernels
+    assert recorder.stream_events == 10
+    spans = [(name, (start - track.anchor_ns) / 1e6, (end - track.anchor_ns) / 1e6, args) for name, pid, tid, start, end, args
+             in recorder.spans if pid == GPU_PID]  # fmt: skip
+    assert [(name, pytest.approx(start), pytest.approx(end), args) for name, start, end, args in spans] == [
+        ("copy in", 0.0, 0.5, {"bytes": 8}), ("conv", 0.75, 1.75, {"batch": 0}), ("dense", 1.75, 3.75, {"batch": 0}),
+        ("kernels", 0.75, 3.75, {"batch": 0}),
+        ("copy in", 3.75, 4.25, {"bytes": 8}), ("conv", 4.5, 5.5, {"batch": 1}), ("dense", 5.5, 7.5, {"batch": 1}),
+        ("kernels", 4.5, 7.5, {"batch": 1}),
+    ]  # fmt: skip
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(WHY_NO_GPU is not None, reason=str(WHY_NO_GPU))
 @pytest.mark.parametrize("host_parse", [False, True], ids=["gpu-parse", "host-parse"])
@@ -162,6 +224,8 @@ def test_cuda_trace_has_each_stream_s_copies_and_the_rung_s_kernels(files: tuple
         held = [event for event in gpu if event["tid"] == group["tid"] and event["name"] in ("conv_tiled", "dense_coarsened")
                 and (event["args"]["batch"], event["args"]["chunk"]) == (group["args"]["batch"], group["args"]["chunk"])]
         assert len(held) == 2
+        first, second = sorted(held, key=lambda event: event["ts"])
+        assert second["ts"] == pytest.approx(first["ts"] + first["dur"])  # queued back to back: one event between them
         assert group["ts"] == min(event["ts"] for event in held)
         assert group["ts"] + group["dur"] == pytest.approx(max(event["ts"] + event["dur"] for event in held))
     assert all({"batch", "chunk"} <= event.get("args", {}).keys() for event in gpu if event["name"] in ("conv_tiled", "dense_coarsened"))

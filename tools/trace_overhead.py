@@ -23,7 +23,6 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -42,6 +41,7 @@ class SpanCosts:
 
     host: float
     stream: float  # its two CUDA events recorded, then their times read and placed (settle)
+    chained: float  # a group's span after its first: one event, its start the end of the span before
     group: float  # a stream span timed by those it holds: no events, Python only
 
 
@@ -51,57 +51,74 @@ class TraceCost:
 
     host_spans: int
     stream_spans: int
+    chained: int  # of the stream spans
     groups: int
     costs: SpanCosts
     loop_seconds: float
 
     @property
     def seconds(self) -> float:
-        costs = self.costs
-        return (self.host_spans * costs.host + self.stream_spans * costs.stream + self.groups * costs.group) / 1e6
+        costs, unchained = self.costs, self.stream_spans - self.chained
+        spent = self.host_spans * costs.host + unchained * costs.stream + self.chained * costs.chained + self.groups * costs.group
+        return spent / 1e6
 
     def __str__(self) -> str:
+        costs = self.costs
         return (
-            f"{self.host_spans} host spans x {self.costs.host:.2f} us + {self.stream_spans} stream spans x {self.costs.stream:.2f} us"
-            f" + {self.groups} groups x {self.costs.group:.2f} us = {self.seconds * 1e3:.1f} ms, "
-            f"{self.seconds / self.loop_seconds:.1%} of the {self.loop_seconds:.3f} s loop"
+            f"{self.host_spans} host spans x {costs.host:.2f} us + {self.stream_spans - self.chained} stream spans x "
+            f"{costs.stream:.2f} us + {self.chained} chained x {costs.chained:.2f} us + {self.groups} groups x {costs.group:.2f} us"
+            f" = {self.seconds * 1e3:.1f} ms, {self.seconds / self.loop_seconds:.1%} of the {self.loop_seconds:.3f} s loop"
         )
 
 
 def span_costs(cuda: bool, spans: int = 64 * 320) -> SpanCosts:
     """What each kind of span costs on this machine: the least of three rounds of `spans`. Stream spans are recorded as
-    the runs record them, and settled every 64 (a batch's worth)."""
+    the runs record them, and settled every 64 (a batch's worth); a group holds two spans, or one."""
     from cnnlab.trace.recorder import Recorder
 
     recorder = Recorder()
 
-    def microseconds(open_span: Callable[[], AbstractContextManager[object]], settle: Callable[[], None] = lambda: None) -> float:
+    def microseconds(record: Callable[[], None], settle: Callable[[], None] = lambda: None) -> float:
         best = float("inf")
         for _ in range(3):
             start = time.perf_counter()
             for _ in range(spans // 64):
                 for _ in range(64):
-                    with open_span():
-                        pass
+                    record()
                 settle()
             best = min(best, (time.perf_counter() - start) / spans * 1e6)
         return best
 
-    host = microseconds(lambda: recorder.span("x"))
+    def host() -> None:
+        with recorder.span("x"):
+            pass
+
+    host_cost = microseconds(host)
     if not cuda:
-        return SpanCosts(host, 0.0, 0.0)
+        return SpanCosts(host_cost, 0.0, 0.0, 0.0)
     import pycuda.autoinit  # noqa: F401  (a context for the stream)
     import pycuda.driver as driver
 
     stream = driver.Stream()
+
+    def stream_span() -> None:
+        with recorder.span("x", stream):
+            pass
+
+    def group(held: int) -> None:
+        with recorder.group("g", stream):
+            for _ in range(held):
+                stream_span()
+
     settle = partial(recorder.settle, stream)
-    group = microseconds(lambda: recorder.group("x", stream), settle)
-    return SpanCosts(host, microseconds(lambda: recorder.span("x", stream), settle), group)
+    single, one, two = microseconds(stream_span, settle), microseconds(partial(group, 1), settle), microseconds(partial(group, 2), settle)
+    return SpanCosts(host_cost, single, two - one, one - single)
 
 
 def trace_cost(path: Path, cuda: bool) -> TraceCost:
     """The cost of the trace at `path` to its run's main thread (see TraceCost). A group starts where the first span it
-    holds starts: of the stream spans that start at one time on one stream, all but the innermost are groups."""
+    holds starts: of the stream spans that start at one time on one stream, all but the innermost are groups. A stream
+    span records two events, or one where it starts at the end of the span before: the trace counts its events."""
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt") as file:
         trace = json.load(file)
@@ -110,7 +127,8 @@ def trace_cost(path: Path, cuda: bool) -> TraceCost:
     host = sum(1 for event in spans if names.get((event["pid"], event["tid"])) == "main loop")
     starts = Counter((event["tid"], event["ts"]) for event in spans if names.get((event["pid"], event["tid"]), "").startswith("stream "))
     groups = sum(starts.values()) - len(starts)
-    return TraceCost(host, len(starts), groups, span_costs(cuda), trace["otherData"]["loop_seconds"])
+    chained = 2 * len(starts) - trace["otherData"].get("stream_events", 2 * len(starts))
+    return TraceCost(host, len(starts), chained, groups, span_costs(cuda), trace["otherData"]["loop_seconds"])
 
 
 def main() -> None:

@@ -3,7 +3,9 @@ ts and dur in microseconds) per span, a track per host thread and per CUDA strea
 events ("ph": "M").
 
 Host spans are timed with time.perf_counter_ns (CLOCK_MONOTONIC on Linux, the clock the native parser's spans are
-timed with). Stream spans are pairs of CUDA events recorded on the stream around the work queued meanwhile; settle()
+timed with). Stream spans are pairs of CUDA events recorded on the stream around the work queued meanwhile, but in a
+group, whose work is queued back to back, a span starts at the event that ended the one before: recording an event is
+most of what a stream span costs the thread that queues the run's work. settle()
 places them on the host's clock through an anchor: an event recorded on the idle stream and waited for, taken to have
 happened midway between its record and the end of the wait. Where the `nvtx` package imports, every span is also an
 NVTX range of the same name on its thread, for Nsight Systems.
@@ -37,9 +39,11 @@ class _StreamTrack:
     stream: Any  # held: a stream freed and another made at its address must not take this track
     anchor: Any
     anchor_ns: int
-    # name, args, start and end events (a group's: the index of its first span in this list, and None)
-    pending: list[tuple[str, dict[str, Any], Any, Any]] = field(default_factory=list)
-    open: list[dict[str, Any]] = field(default_factory=list)  # the args of the stream spans open now, outermost first
+    # name, args, start and end events, and whether the start is the end of the span before (a group's: the index its
+    # first span will have among the stream spans of this list, None and False)
+    pending: list[tuple[str, dict[str, Any], Any, Any, bool]] = field(default_factory=list)
+    spans_pending: int = 0  # of `pending`, the stream spans (not groups)
+    group: _StreamGroup | None = None  # the group open on this stream
     # Events settled and free again (of this stream's context): making one costs more than recording it.
     free: list[Any] = field(default_factory=list)
 
@@ -62,43 +66,69 @@ class _HostSpan:
         recorder = self._recorder
         if recorder.nvtx is not None:
             recorder.nvtx.pop_range()
-        recorder.add(self._name, HOST_PID, recorder.thread_track(), self._start, end, self._args)
+        recorder.spans.append((self._name, HOST_PID, recorder.thread_track(), self._start, end, self._args))
 
 
 class _StreamSpan:
-    """A span of the work queued on a stream while it is open: an event recorded there as it opens and as it closes;
-    or, for a group, none: its time is that of the spans it holds, from the first's start to the last's end."""
+    """A span of the work queued on a stream while it is open: an event recorded there as it opens and as it closes. In a
+    group, a span after the first starts at the end of the one before (the group's work is queued back to back): one
+    event a span."""
 
-    __slots__ = ("_recorder", "_name", "_args", "_stream", "_track", "_start", "_first", "_group")
-
-    def __init__(self, recorder: Recorder, name: str, stream: Any, args: dict[str, Any], group: bool = False) -> None:
-        self._recorder, self._name, self._stream, self._args, self._group = recorder, name, stream, args, group
+    __slots__ = ("_recorder", "_track", "_name", "_args", "_start", "_shared")
+    _start: Any
+    _shared: bool
 
     # The run's main thread opens a few of these a chunk: they are kept to the calls that must happen now (the events'
     # records); the events' times are read in settle(), and the trace's JSON objects made only when it is written.
+    def __init__(self, recorder: Recorder, track: _StreamTrack, name: str, args: dict[str, Any]) -> None:
+        self._recorder, self._track, self._name, self._args = recorder, track, name, args
+
     def __enter__(self) -> None:
-        recorder = self._recorder
+        recorder, track = self._recorder, self._track
         if recorder.nvtx is not None:
             recorder.nvtx.push_range(self._name)
-        track = self._track = recorder._streams.get(id(self._stream)) or recorder.stream_track(self._stream)
-        if track.open:  # a kernel inside "kernels" names its chunk as the span around it does (the same dict: never changed)
-            self._args = {**track.open[-1], **self._args} if self._args else track.open[-1]
-        track.open.append(self._args)
-        if self._group:
-            self._first = len(track.pending)  # its spans are those pending from here on
-        else:
-            self._start = start = track.free.pop() if track.free else recorder.driver.Event()
-            start.record(self._stream)
+        group = track.group
+        if group is not None:  # a kernel inside "kernels" names its chunk as the group does (the same dict: never changed)
+            self._args = {**group.args, **self._args} if self._args else group.args
+            if group.last_end is not None:
+                self._start, self._shared = group.last_end, True
+                return
+        self._start = start = track.free.pop() if track.free else recorder.driver.Event()
+        self._shared = False
+        start.record(track.stream)
 
     def __exit__(self, *exc_info: object) -> None:
         track = self._track
-        if self._group:
-            track.pending.append((self._name, self._args, self._first, None))
-        else:
-            end = track.free.pop() if track.free else self._recorder.driver.Event()
-            end.record(self._stream)
-            track.pending.append((self._name, self._args, self._start, end))
-        track.open.pop()
+        end = track.free.pop() if track.free else self._recorder.driver.Event()
+        end.record(track.stream)
+        track.pending.append((self._name, self._args, self._start, end, self._shared))
+        track.spans_pending += 1
+        if track.group is not None:
+            track.group.last_end = end
+        if self._recorder.nvtx is not None:
+            self._recorder.nvtx.pop_range()
+
+
+class _StreamGroup:
+    """A span of a stream with no events of its own: its time is that of the spans it holds, from the first's start to the
+    last's end. What it holds is queued back to back: work between its spans would be counted in the next one."""
+
+    __slots__ = ("_recorder", "_track", "_name", "args", "_first", "last_end")
+    _first: int
+    last_end: Any
+
+    def __init__(self, recorder: Recorder, track: _StreamTrack, name: str, args: dict[str, Any]) -> None:
+        self._recorder, self._track, self._name, self.args = recorder, track, name, args
+
+    def __enter__(self) -> None:
+        if self._recorder.nvtx is not None:
+            self._recorder.nvtx.push_range(self._name)
+        assert self._track.group is None, "stream groups do not nest"
+        self._track.group, self._first, self.last_end = self, self._track.spans_pending, None
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._track.pending.append((self._name, self.args, self._first, None, False))
+        self._track.group = None
         if self._recorder.nvtx is not None:
             self._recorder.nvtx.pop_range()
 
@@ -149,24 +179,23 @@ class Recorder:
         self._naming = threading.Lock()
         self._streams: dict[int, _StreamTrack] = {}
         self._origin = time.perf_counter_ns()  # the trace's time 0
+        self.stream_events = 0  # the CUDA events the stream spans recorded: what they cost the thread that queues work
         self.main_tid = threading.get_native_id()
 
     def span(self, name: str, stream: Any = None, **args: Any) -> _HostSpan | _StreamSpan:
-        return _HostSpan(self, name, args) if stream is None else _StreamSpan(self, name, stream, args)
+        if stream is None:
+            return _HostSpan(self, name, args)
+        return _StreamSpan(self, self._streams.get(id(stream)) or self.stream_track(stream), name, args)
 
-    def group(self, name: str, stream: Any, **args: Any) -> _StreamSpan:
-        return _StreamSpan(self, name, stream, args, group=True)
+    def group(self, name: str, stream: Any, **args: Any) -> _StreamGroup:
+        return _StreamGroup(self, self._streams.get(id(stream)) or self.stream_track(stream), name, args)
 
     def complete(self, name: str, tid: int, start_ns: int, end_ns: int, thread: str, **args: Any) -> None:
         self._name(HOST_PID, tid, thread)
-        self.add(name, HOST_PID, tid, start_ns, end_ns, args)
+        self.spans.append((name, HOST_PID, tid, start_ns, end_ns, args))
 
     def launches(self, module: Any) -> Any:
         return _TracedModule(module, self)
-
-    def add(self, name: str, pid: int, tid: int, start_ns: float, end_ns: float, args: dict[str, Any]) -> None:
-        """A complete event, its times given on perf_counter_ns's clock."""
-        self.spans.append((name, pid, tid, start_ns, end_ns, args))
 
     def events(self) -> list[dict[str, Any]]:
         """The spans as the format's complete events ("ph": "X"), ts and dur in microseconds from the trace's time 0."""
@@ -215,22 +244,29 @@ class Recorder:
         track = self._streams.get(id(stream))
         if track is None:
             return
-        times: list[tuple[float, float] | None] = []  # each pending span's, on the host's clock (None: a group of none)
-        last = next((end for *_, end in reversed(track.pending) if end is not None), None)
+        starts: list[float] = []  # each pending stream span's start on the host's clock, in the order queued
+        last = next((end for _, _, _, end, _ in reversed(track.pending) if end is not None), None)
         if last is not None:
             last.synchronize()  # a stream runs its work in order: every event recorded before it has happened too
         anchor, anchor_ns, tid, spans, free = track.anchor, track.anchor_ns, track.tid, self.spans, track.free
-        for name, args, start, end in track.pending:
-            if end is None:  # a group: from its first span's start to its last one's end
-                held = [span for span in times[start:] if span is not None]
-                times.append((held[0][0], max(stop for _, stop in held)) if held else None)
-            else:
-                start_ns = anchor_ns + start.time_since(anchor) * 1e6
-                times.append((start_ns, start_ns + end.time_since(start) * 1e6))
-                free += (start, end)
-            if times[-1] is not None:
-                spans.append((name, GPU_PID, tid, *times[-1], args))
+        end_ns, events = 0.0, 0  # the last span's end; the events recorded
+        for name, args, start, end, shared in track.pending:
+            if end is None:  # a group: from its first span's start to its last one's end (start: the first's index)
+                if start < len(starts):
+                    spans.append((name, GPU_PID, tid, starts[start], end_ns, args))
+                continue
+            start_ns = end_ns if shared else anchor_ns + start.time_since(anchor) * 1e6
+            end_ns = start_ns + end.time_since(start) * 1e6
+            starts.append(start_ns)
+            spans.append((name, GPU_PID, tid, start_ns, end_ns, args))
+            free.append(end)
+            if not shared:
+                free.append(start)
+                events += 1
+            events += 1
+        self.stream_events += events
         track.pending.clear()
+        track.spans_pending = 0
 
     def trace(self) -> dict[str, Any]:
         """The trace as the format's JSON object: the spans, then the processes' and threads' names."""
@@ -239,7 +275,8 @@ class Recorder:
             names.append(_metadata("process_name", GPU_PID, 0, name=f"GPU ({self.metadata.get('device')})"))
         for index, ((pid, tid), name) in enumerate(self._names.items()):  # tracks in the order they first appeared
             names += [_metadata("thread_name", pid, tid, name=name), _metadata("thread_sort_index", pid, tid, sort_index=index)]
-        return {"traceEvents": self.events() + names, "displayTimeUnit": "ms", "otherData": self.metadata}
+        other = {**self.metadata, "stream_events": self.stream_events} if self._streams else self.metadata
+        return {"traceEvents": self.events() + names, "displayTimeUnit": "ms", "otherData": other}
 
     def write(self, out: Any, compress: bool) -> None:
         """Write the trace to the binary stream `out`, gzip-compressed where `compress`."""
