@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,7 +55,7 @@ class TraceCost:
     chained: int  # of the stream spans
     groups: int
     costs: SpanCosts
-    loop_seconds: float
+    loop_seconds: float  # the untraced loop's median in the same call: what the recorder's time adds to
 
     @property
     def seconds(self) -> float:
@@ -67,7 +68,8 @@ class TraceCost:
         return (
             f"{self.host_spans} host spans x {costs.host:.2f} us + {self.stream_spans - self.chained} stream spans x "
             f"{costs.stream:.2f} us + {self.chained} chained x {costs.chained:.2f} us + {self.groups} groups x {costs.group:.2f} us"
-            f" = {self.seconds * 1e3:.1f} ms, {self.seconds / self.loop_seconds:.1%} of the {self.loop_seconds:.3f} s loop"
+            f" = {self.seconds * 1e3:.1f} ms, {self.seconds / self.loop_seconds:.1%} of the untraced loop's median, "
+            f"{self.loop_seconds:.3f} s"
         )
 
 
@@ -115,7 +117,7 @@ def span_costs(cuda: bool, spans: int = 64 * 320) -> SpanCosts:
     return SpanCosts(host_cost, single, two - one, one - single)
 
 
-def trace_cost(path: Path, cuda: bool) -> TraceCost:
+def trace_cost(path: Path, cuda: bool, loop_seconds: float) -> TraceCost:
     """The cost of the trace at `path` to its run's main thread (see TraceCost). A group starts where the first span it
     holds starts: of the stream spans that start at one time on one stream, all but the innermost are groups. A stream
     span records two events, or one where it starts at the end of the span before: the trace counts its events."""
@@ -128,7 +130,7 @@ def trace_cost(path: Path, cuda: bool) -> TraceCost:
     starts = Counter((event["tid"], event["ts"]) for event in spans if names.get((event["pid"], event["tid"]), "").startswith("stream "))
     groups = sum(starts.values()) - len(starts)
     chained = 2 * len(starts) - trace["otherData"].get("stream_events", 2 * len(starts))
-    return TraceCost(host, len(starts), chained, groups, span_costs(cuda), trace["otherData"]["loop_seconds"])
+    return TraceCost(host, len(starts), chained, groups, span_costs(cuda), loop_seconds)
 
 
 def main() -> None:
@@ -138,10 +140,13 @@ def main() -> None:
     parser.add_argument("input")
     parser.add_argument("--trace", required=True, help="where the last traced run's trace is kept")
     parser.add_argument("--runs", type=int, default=3, help="runs of each, in turns (default 3)")
-    parser.add_argument("options", nargs="*", help="more options for cnnlab MODE (after --)")
-    args = parser.parse_args()
+    # More options for cnnlab MODE come after --: split off here, as argparse would take a positional list too early.
+    argv, options = sys.argv[1:], []
+    if "--" in argv:
+        argv, options = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
+    args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as work:
-        command = [sys.executable, "-m", "cnnlab", args.mode, args.cnn, args.input, str(Path(work) / "out.csv"), *args.options]
+        command = [sys.executable, "-m", "cnnlab", args.mode, args.cnn, args.input, str(Path(work) / "out.csv"), *options]
         plain, traced = [], []
         for run in range(args.runs):
             plain.append(loop_seconds(command, Path(work) / "plain.json"))
@@ -150,7 +155,7 @@ def main() -> None:
     print(f"without --trace   loop s {spread(plain)}")
     print(f"with --trace      loop s {spread(traced)}")
     print(f"with/without      {spread([b / a for a, b in zip(plain, traced)])}   ({args.runs} pairs, {args.mode})")
-    print(f"recorder's time   {trace_cost(Path(args.trace), args.mode == 'cuda')}")
+    print(f"recorder's time   {trace_cost(Path(args.trace), args.mode == 'cuda', statistics.median(plain))}")
 
 
 if __name__ == "__main__":
