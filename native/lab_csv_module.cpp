@@ -229,7 +229,10 @@ struct RowKernel {
 
 const RowKernel row_kernels[] = {
 #ifdef LAB_CSV_AVX2
-    {"avx2", [] { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi") && __builtin_cpu_supports("popcnt"); },
+    {"avx2", [] {
+         return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2") &&
+                __builtin_cpu_supports("lzcnt") && __builtin_cpu_supports("popcnt");
+     },
      parse_row_avx2},
 #endif
     {"x86-64", [] { return true; }, parse_row_scalar},

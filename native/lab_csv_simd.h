@@ -22,7 +22,9 @@
 
 #include "lab_csv.h"
 
-#define LAB_AVX2_TARGET __attribute__((target("avx2,bmi,popcnt")))
+// BMI2's flagless shifts and LZCNT (Eisel-Lemire's normalization: one instruction, not BSR and a XOR) come with every
+// AVX2 CPU (Haswell, Zen 1 on): the parse measured 1.11x (1.05..1.25) faster with them on the 2-core Zen 3 machine.
+#define LAB_AVX2_TARGET __attribute__((target("avx2,bmi,bmi2,lzcnt,popcnt")))
 
 // Rows up to this many bytes take the two passes (the input's rows are ~1,900); longer ones the scalar path.
 enum { LAB_ROW_BITMAP_WORDS = 128 };
