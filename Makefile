@@ -56,10 +56,10 @@ lint: $(VENV)/installed-test
 typecheck: $(VENV)/installed-test
 	$(BIN)/mypy
 
-# On every core (pytest-xdist), the GPU's tests on one of them (tests/conftest.py: one xdist group): measured on the
+# On every core (pytest-xdist), the GPU's users one at a time (tests/conftest.py: they hold a lock): measured on the
 # 2-core machine, the suite takes half the time it does on one.
 test: lint typecheck
-	$(BIN)/python -m pytest -q -rs -n auto --dist loadgroup $(PYTEST_ARGS)  # -rs: the reason for every skip
+	$(BIN)/python -m pytest -q -rs -n auto $(PYTEST_ARGS)  # -rs: the reason for every skip
 
 clean:
 	rm -rf $(VENV) out build *.egg-info

@@ -251,8 +251,9 @@ class Tracer(Protocol):
         """A span named `name` of this thread's time, or, given a CUDA stream, of the work queued on it meanwhile."""
         ...
 
-    def group(self, name: str, stream: Any, **args: Any) -> AbstractContextManager[object]:
-        """A span of a CUDA stream whose time is that of the stream spans it holds (no events of its own: they cost)."""
+    def group(self, name: str, stream: Any, follows: bool = False, **args: Any) -> AbstractContextManager[object]:
+        """A span of a CUDA stream whose time is that of the stream spans it holds (no events of its own: they cost).
+        `follows`: it is queued right after the stream's last span, so its first span starts at that one's end."""
         ...
 
     def complete(self, name: str, tid: int, start_ns: int, end_ns: int, thread: str, **args: Any) -> None:
@@ -277,7 +278,7 @@ class _NoTrace:
     def span(self, name: str, stream: Any = None, **args: Any) -> AbstractContextManager[object]:
         return self._nothing
 
-    def group(self, name: str, stream: Any, **args: Any) -> AbstractContextManager[object]:
+    def group(self, name: str, stream: Any, follows: bool = False, **args: Any) -> AbstractContextManager[object]:
         return self._nothing
 
     def complete(self, name: str, tid: int, start_ns: int, end_ns: int, thread: str, **args: Any) -> None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import secrets
 import zlib
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from helpers import gpu_lock
 
 SESSION_SEED = int(os.environ.get("CNNLAB_TEST_SEED", secrets.randbits(32)))
 
@@ -21,15 +23,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The long profiles are asked for, not run by default: `make test` stays minutes, not a quarter of an hour. The GPU's
-    tests are one xdist group: under `make test`'s workers they run one at a time, as their device memory figures assume."""
+    """The long profiles are asked for, not run by default: `make test` stays minutes, not a quarter of an hour."""
     long = config.getoption("--long")
     skip = pytest.mark.skip(reason="a long profile: run with --long (make test PYTEST_ARGS=--long)")
     for item in items:
         if "long" in item.keywords and not long:
             item.add_marker(skip)
-        if "gpu" in item.keywords:
-            item.add_marker(pytest.mark.xdist_group("gpu"))
+
+
+@pytest.fixture(autouse=True)
+def one_gpu_user_at_a_time(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Tests marked gpu or gpu_if_present hold the GPU lock (helpers.gpu_lock) while they run."""
+    if request.node.get_closest_marker("gpu") is None and request.node.get_closest_marker("gpu_if_present") is None:
+        yield
+        return
+    with gpu_lock(tmp_path_factory):
+        yield
 
 
 @pytest.fixture

@@ -6,12 +6,14 @@ Test modules import from here, never from each other.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,18 @@ from cnnlab.network import Cnn, ImageBatch
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMING_LINE = re.compile(r"^\d+ microseconds of actual work done\n$")
+
+
+@contextmanager
+def gpu_lock(tmp_path_factory: Any) -> Iterator[None]:
+    """Held while a test (or a fixture that makes a context) uses the GPU: under make test's workers the GPU's users run
+    one at a time, as their device memory figures assume (one leaves the GPU 150 MB free). A file lock in the directory
+    all of one run's workers share their temporary directories in."""
+    with open(tmp_path_factory.getbasetemp().parent / "gpu.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 # The environment of every cnnlab subprocess: this checkout first on the import path.
 SUBPROCESS_ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
 

@@ -136,6 +136,7 @@ def test_the_plot_draws_each_row_against_its_bound(gpu_ran: bool) -> None:
         assert [tuple(xy) for xy in sweep[0].lines[0].get_xydata()] == report.sweep.pinned
 
 
+@pytest.mark.gpu_if_present
 @pytest.mark.parametrize("rows", ["cpu,reader", "kernels", "pinned"])
 def test_bench_plot_on_any_machine_writes_a_drawing(tmp_path: Path, rows: str) -> None:
     # Without a GPU, the GPU rows leave only notes: the drawing then says that no rows ran, and why.
@@ -163,6 +164,7 @@ def test_bench_refuses_unknown_rows() -> None:
     assert "unknown bench rows gpu" in assert_one_line_error(cnnlab("bench", "--rows", "cpu,gpu"))
 
 
+@pytest.mark.gpu_if_present
 def test_bench_startup_rows_time_whole_processes_beside_the_floor(tmp_path: Path) -> None:
     """cnnlab cpu on the default data, whole processes; with a GPU, the floors (a bare process that starts the driver,
     exec to exit, and the driver's start alone inside it) and cuda mode above them; without one, a note saying why the

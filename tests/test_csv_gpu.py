@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import ROOT, why_no_gpu
+from helpers import ROOT, gpu_lock, why_no_gpu
 
 from cnnlab.errors import InputFileError
 from cnnlab.files.rows import check_line
@@ -149,22 +149,24 @@ def gpu(tmp_path_factory: pytest.TempPathFactory):
     import pycuda.driver as driver
 
     device = driver.Device(0)
-    context = device.retain_primary_context()
-    context.push()
-    lane = None
+    major, minor = device.compute_capability()
+    fatbin: Path = tmp_path_factory.mktemp("csv_gpu") / "csv.fatbin"
+    command = ["nvcc", "-fatbin", f"-arch=sm_{major}{minor}", "-std=c++17", "-O3", f"-I{ROOT / 'kernel'}", "-o", str(fatbin)]
+    build = subprocess.run([*command, str(ROOT / "kernel" / "csv.cu")], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    context = lane = None
     try:
-        major, minor = device.compute_capability()
-        fatbin: Path = tmp_path_factory.mktemp("csv_gpu") / "csv.fatbin"
-        command = ["nvcc", "-fatbin", f"-arch=sm_{major}{minor}", "-std=c++17", "-O3", f"-I{ROOT / 'kernel'}", "-o", str(fatbin)]
-        build = subprocess.run([*command, str(ROOT / "kernel" / "csv.cu")], capture_output=True, text=True)
-        assert build.returncode == 0, build.stderr
-        lane = Gpu(driver, driver.module_from_file(str(fatbin)))
+        with gpu_lock(tmp_path_factory):  # the context and the lane's memory taken while no other test uses the GPU
+            context = device.retain_primary_context()
+            context.push()
+            lane = Gpu(driver, driver.module_from_file(str(fatbin)))
         yield lane
     finally:
         if lane is not None:
             lane.free()
-        context.pop()
-        context.detach()
+        if context is not None:
+            context.pop()
+            context.detach()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -468,7 +470,7 @@ def test_blank_lines_out_of_place_are_reported_at_their_row(gpu: Gpu, rng: np.ra
 
 
 @pytest.fixture(scope="module")
-def mutated_files_context():
+def mutated_files_context(tmp_path_factory: pytest.TempPathFactory):
     """cuda mode's backend for the fuzz test's CNN: batches of 2 images, a chunk (and so a block of text) of 1."""
     from lab_layout import base_files, reference_cnn
 
@@ -477,7 +479,9 @@ def mutated_files_context():
     from cnnlab.network import Cnn
 
     filters, weights = reference_cnn(base_files("lab", 1)[0])
-    with CudaContext(Cnn(filters, weights), 2, LaunchConfig(chunk_images=1), parse_csv=True) as backend:
+    with gpu_lock(tmp_path_factory):  # its memory taken while no other test uses the GPU
+        backend = CudaContext(Cnn(filters, weights), 2, LaunchConfig(chunk_images=1), parse_csv=True)
+    with backend:
         yield backend
 
 

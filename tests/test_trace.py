@@ -166,8 +166,9 @@ class FakeDriver:
 
 
 def test_stream_spans_share_a_group_s_boundaries_and_reuse_settled_events(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A group's spans queued back to back: each after the first starts at its predecessor's end (one event a span); the
-    group runs from the first's start to the last's end; settled events are recorded again, not made anew."""
+    """A group's spans queued back to back: each after the first starts at its predecessor's end (one event a span), and
+    a group that follows starts at the stream's last span's end, but never at one settled before it; a group runs from
+    its first span's start to its last one's end; settled events are recorded again, not made anew."""
     from cnnlab.trace.recorder import GPU_PID, Recorder
 
     recorder, stream = Recorder(), object()
@@ -184,21 +185,32 @@ def test_stream_spans_share_a_group_s_boundaries_and_reuse_settled_events(monkey
             for kernel, ms in (("conv", 1.0), ("dense", 2.0)):
                 with recorder.span(kernel, stream):
                     FakeEvent.clock_ms += ms
+        copy_out()
+
+    def copy_out() -> None:
+        with recorder.group("chunk out", stream, follows=True), recorder.span("copy out", stream):
+            FakeEvent.clock_ms += 0.25
 
     chunk(0)
     recorder.settle(stream)
     made = FakeEvent.made
     chunk(1)
     recorder.settle(stream)
-    assert FakeEvent.made == made == 1 + 5  # the anchor, then two events for "copy in" and three for the two kernels
-    assert recorder.stream_events == 10
+    # the anchor, then two events for "copy in", three for the two kernels and one for "copy out"
+    assert FakeEvent.made == made == 1 + 6
+    assert recorder.stream_events == 12
+    FakeEvent.clock_ms += 0.5  # the stream idle: a group that follows what has settled starts with an event of its own
+    copy_out()
+    recorder.settle(stream)
+    assert recorder.stream_events == 14
     spans = [(name, (start - track.anchor_ns) / 1e6, (end - track.anchor_ns) / 1e6, args) for name, pid, tid, start, end, args
              in recorder.spans if pid == GPU_PID]  # fmt: skip
     assert [(name, pytest.approx(start), pytest.approx(end), args) for name, start, end, args in spans] == [
         ("copy in", 0.0, 0.5, {"bytes": 8}), ("conv", 0.75, 1.75, {"batch": 0}), ("dense", 1.75, 3.75, {"batch": 0}),
-        ("kernels", 0.75, 3.75, {"batch": 0}),
-        ("copy in", 3.75, 4.25, {"bytes": 8}), ("conv", 4.5, 5.5, {"batch": 1}), ("dense", 5.5, 7.5, {"batch": 1}),
-        ("kernels", 4.5, 7.5, {"batch": 1}),
+        ("kernels", 0.75, 3.75, {"batch": 0}), ("copy out", 3.75, 4.0, {}), ("chunk out", 3.75, 4.0, {}),
+        ("copy in", 4.0, 4.5, {"bytes": 8}), ("conv", 4.75, 5.75, {"batch": 1}), ("dense", 5.75, 7.75, {"batch": 1}),
+        ("kernels", 4.75, 7.75, {"batch": 1}), ("copy out", 7.75, 8.0, {}), ("chunk out", 7.75, 8.0, {}),
+        ("copy out", 8.5, 8.75, {}), ("chunk out", 8.5, 8.75, {}),
     ]  # fmt: skip
 
 
@@ -228,6 +240,9 @@ def test_cuda_trace_has_each_stream_s_copies_and_the_rung_s_kernels(files: tuple
         assert second["ts"] == pytest.approx(first["ts"] + first["dur"])  # queued back to back: one event between them
         assert group["ts"] == min(event["ts"] for event in held)
         assert group["ts"] + group["dur"] == pytest.approx(max(event["ts"] + event["dur"] for event in held))
+        [copy_out] = [event for event in gpu if event["tid"] == group["tid"] and event["name"] == "copy out"
+                      and (event["args"]["batch"], event["args"]["chunk"]) == (group["args"]["batch"], group["args"]["chunk"])]
+        assert copy_out["ts"] == pytest.approx(group["ts"] + group["dur"])  # chunk out follows the kernels: no event between
     assert all({"batch", "chunk"} <= event.get("args", {}).keys() for event in gpu if event["name"] in ("conv_tiled", "dense_coarsened"))
     # The events placed on the host's clock: inside the run's loop (its anchor is midway through a wait of microseconds).
     [loop] = [event for event in trace["traceEvents"] if event["name"] == "loop"]

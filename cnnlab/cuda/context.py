@@ -62,11 +62,14 @@ if TYPE_CHECKING:
 # Images per compute() call from the command line: the run's two page-locked buffers stay at ~330 MB.
 DEFAULT_BATCH_IMAGES = 2048
 # Images per compute() call when CSV text is parsed on the device: ~50 MB of text a batch, read into one of
-# two page-locked windows (made before the run, ~60 MB each) while the other's batch is on the device, and
-# dealt over the lanes so that one lane's copy overlaps another's parse. On the H100 machine (10,000 images,
-# tools/profile_cuda_csv.py): 256 a batch loop 0.16-0.19 s, 512 0.27-0.31 s, where making the larger
-# windows page-locked cost more than the fewer hand-offs saved.
+# two page-locked windows (made before the run, ~60 MB each) while the other's batch is on the device. On the
+# H100 machine (10,000 images, tools/profile_cuda_csv.py): 256 a batch loop 0.16-0.19 s, 512 0.27-0.31 s,
+# where making the larger windows page-locked cost more than the fewer hand-offs saved.
 DEFAULT_TEXT_BATCH_IMAGES = 256
+# Chunks a text batch is dealt in, one a lane, so that one chunk's copy overlaps the other's parse: each chunk
+# is a hand-off the main thread queues and waits for, while the GPU idles most of the loop (docs/trace.md).
+# On the H100 machine (30,000 images, 8 rounds in turns) 2 ran the loop at 0.957 (0.889..1.154) of 3, 1 at 1.021.
+TEXT_CHUNKS = 2
 CLOSED = "this CudaContext is closed"  # what a call after close() raises (UsageError)
 
 
@@ -150,7 +153,8 @@ class CudaContext:
         """How CSV text comes to the device: a batch dealt over the lanes; None where the host's reader parses CSV."""
         if not self._parse_csv:
             return None
-        return TextBatching(self._text_batch, min(self.chunk_images, math.ceil(self._text_batch / len(self._open_lanes))))
+        chunks = min(TEXT_CHUNKS, len(self._open_lanes))
+        return TextBatching(self._text_batch, min(self.chunk_images, math.ceil(self._text_batch / chunks)))
 
     @property
     def chunk_images(self) -> int:

@@ -291,7 +291,8 @@ class Lanes:
                         if separate_check:
                             self._find_nonfinite(lane.stream, address, images, self._nonfinite)
                         lane.run(self._launcher, address, images)
-                    with trace.group("chunk out", lane.stream, batch=batch, chunk=index, images=images):
+                    # Queued right after the kernels: its copy starts at their end, with no event of its own.
+                    with trace.group("chunk out", lane.stream, follows=True, batch=batch, chunk=index, images=images):
                         outputs.take(lane, index, images)
             outputs.finish(self.lanes)
             for lane in self.lanes:

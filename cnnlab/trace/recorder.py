@@ -4,8 +4,9 @@ events ("ph": "M").
 
 Host spans are timed with time.perf_counter_ns (CLOCK_MONOTONIC on Linux, the clock the native parser's spans are
 timed with). Stream spans are pairs of CUDA events recorded on the stream around the work queued meanwhile, but in a
-group, whose work is queued back to back, a span starts at the event that ended the one before: recording an event is
-most of what a stream span costs the thread that queues the run's work. settle()
+group, whose work is queued back to back, a span starts at the event that ended the one before (and a group that
+follows the stream's last span starts at its end): recording an event is most of what a stream span costs the thread
+that queues the run's work. settle()
 places them on the host's clock through an anchor: an event recorded on the idle stream and waited for, taken to have
 happened midway between its record and the end of the wait. Where the `nvtx` package imports, every span is also an
 NVTX range of the same name on its thread, for Nsight Systems.
@@ -44,6 +45,7 @@ class _StreamTrack:
     pending: list[tuple[str, dict[str, Any], Any, Any, bool]] = field(default_factory=list)
     spans_pending: int = 0  # of `pending`, the stream spans (not groups)
     group: _StreamGroup | None = None  # the group open on this stream
+    last_end: Any = None  # the end event of the last span queued on this stream since it settled
     # Events settled and free again (of this stream's context): making one costs more than recording it.
     free: list[Any] = field(default_factory=list)
 
@@ -103,6 +105,7 @@ class _StreamSpan:
         end.record(track.stream)
         track.pending.append((self._name, self._args, self._start, end, self._shared))
         track.spans_pending += 1
+        track.last_end = end
         if track.group is not None:
             track.group.last_end = end
         if self._recorder.nvtx is not None:
@@ -111,20 +114,22 @@ class _StreamSpan:
 
 class _StreamGroup:
     """A span of a stream with no events of its own: its time is that of the spans it holds, from the first's start to the
-    last's end. What it holds is queued back to back: work between its spans would be counted in the next one."""
+    last's end. What it holds is queued back to back: work between its spans would be counted in the next one. A group
+    that `follows` is queued right after the stream's last span, and its first span starts at that one's end."""
 
-    __slots__ = ("_recorder", "_track", "_name", "args", "_first", "last_end")
+    __slots__ = ("_recorder", "_track", "_name", "args", "_follows", "_first", "last_end")
     _first: int
     last_end: Any
 
-    def __init__(self, recorder: Recorder, track: _StreamTrack, name: str, args: dict[str, Any]) -> None:
-        self._recorder, self._track, self._name, self.args = recorder, track, name, args
+    def __init__(self, recorder: Recorder, track: _StreamTrack, name: str, follows: bool, args: dict[str, Any]) -> None:
+        self._recorder, self._track, self._name, self._follows, self.args = recorder, track, name, follows, args
 
     def __enter__(self) -> None:
         if self._recorder.nvtx is not None:
             self._recorder.nvtx.push_range(self._name)
-        assert self._track.group is None, "stream groups do not nest"
-        self._track.group, self._first, self.last_end = self, self._track.spans_pending, None
+        track = self._track
+        assert track.group is None, "stream groups do not nest"
+        track.group, self._first, self.last_end = self, track.spans_pending, track.last_end if self._follows else None
 
     def __exit__(self, *exc_info: object) -> None:
         self._track.pending.append((self._name, self.args, self._first, None, False))
@@ -187,8 +192,8 @@ class Recorder:
             return _HostSpan(self, name, args)
         return _StreamSpan(self, self._streams.get(id(stream)) or self.stream_track(stream), name, args)
 
-    def group(self, name: str, stream: Any, **args: Any) -> _StreamGroup:
-        return _StreamGroup(self, self._streams.get(id(stream)) or self.stream_track(stream), name, args)
+    def group(self, name: str, stream: Any, follows: bool = False, **args: Any) -> _StreamGroup:
+        return _StreamGroup(self, self._streams.get(id(stream)) or self.stream_track(stream), name, follows, args)
 
     def complete(self, name: str, tid: int, start_ns: int, end_ns: int, thread: str, **args: Any) -> None:
         self._name(HOST_PID, tid, thread)
@@ -266,7 +271,7 @@ class Recorder:
             events += 1
         self.stream_events += events
         track.pending.clear()
-        track.spans_pending = 0
+        track.spans_pending, track.last_end = 0, None  # freed: a span after this starts with an event of its own
 
     def trace(self) -> dict[str, Any]:
         """The trace as the format's JSON object: the spans, then the processes' and threads' names."""
