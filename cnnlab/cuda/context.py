@@ -67,7 +67,8 @@ DEFAULT_BATCH_IMAGES = 2048
 # where making the larger windows page-locked cost more than the fewer hand-offs saved.
 DEFAULT_TEXT_BATCH_IMAGES = 256
 # Chunks a text batch is dealt in, one a lane, so that one chunk's copy overlaps the other's parse: each chunk
-# is a hand-off the main thread queues and waits for, while the GPU idles most of the loop (docs/trace.md).
+# is a hand-off the main thread queues and waits for, while the GPU idles most of the loop (docs/trace.md). A
+# chunk is at most the lanes' (with --batch N, a third of N: three chunks then).
 # On the H100 machine (30,000 images, 8 rounds in turns) 2 ran the loop at 0.957 (0.889..1.154) of 3, 1 at 1.021.
 TEXT_CHUNKS = 2
 CLOSED = "this CudaContext is closed"  # what a call after close() raises (UsageError)
