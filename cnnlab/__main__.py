@@ -23,6 +23,7 @@ M_ARENA_MAX = -8  # glibc's mallopt parameter
 
 def main() -> NoReturn:
     sys.unraisablehook = interrupts.unraisable_hook
+    _hold_standard_error()
     try:
         interrupts.install()
         status = _start()
@@ -75,6 +76,20 @@ def _start() -> int:
     finally:
         if starting is not None:
             starting.join()
+
+
+def _hold_standard_error() -> None:
+    """Started with standard error closed (`2>&-`): hold its descriptor open on /dev/null, as `2>/dev/null` would, so that
+    no file opened later takes the number 2 (an output's temporary file would get what C code writes to stderr), and
+    messages go nowhere instead of failing the run; the exit status still tells."""
+    try:
+        os.fstat(2)
+    except OSError:
+        held = os.open(os.devnull, os.O_WRONLY)
+        if held != 2:
+            os.dup2(held, 2)
+            os.close(held)
+        sys.stderr = open(2, "w", errors="backslashreplace", closefd=False)  # noqa: SIM115 (the process's own, never closed)
 
 
 def _share_one_malloc_arena() -> None:

@@ -37,7 +37,7 @@ class Progress:
     def __init__(self, label: str, total: int, unit: str = "images", stream: TextIO | None = None) -> None:
         self._stream = stream or sys.stderr
         self._label, self._total, self._unit = label, total, unit
-        self._enabled = total > 0 and self._stream.isatty()
+        self._enabled = total > 0 and self._stream is not None and self._stream.isatty()
         encoding = (getattr(self._stream, "encoding", None) or "").lower().replace("-", "")
         self._blocks = UNICODE_BLOCKS if encoding == "utf8" else ASCII_BLOCKS
         self._start = self._last = time.monotonic()

@@ -592,6 +592,42 @@ def test_closed_standard_streams_and_a_full_help_are_one_line(tmp_path: Path, ru
             assert "No space left on device" in assert_one_line_error(cnnlab("--help", stdout=full))
 
 
+def _stderr_closed() -> None:
+    os.close(2)
+
+
+def _stderr_full() -> None:
+    os.dup2(os.open("/dev/full", os.O_WRONLY), 2)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this system")
+def test_closed_or_full_standard_error_keeps_the_outputs_and_the_status(tmp_path: Path, run_files: tuple[Path, Path, bytes]) -> None:
+    """Standard error closed (2>&-) is as 2>/dev/null: a valid run writes its outputs and exits 0, and no file opened
+    later takes descriptor 2. A refused run exits 2 with the output as it was, whether its line has nowhere to go or
+    cannot be written (2>/dev/full); so does a run whose lab's line, with the outputs on standard output, cannot."""
+    cnn_path, input_path, expected = run_files
+    output = tmp_path / "out.csv"
+    closed = cnnlab("cpu", cnn_path, input_path, output, preexec_fn=_stderr_closed)
+    assert closed.returncode == 0 and TIMING_LINE.match(closed.stdout) and output.read_bytes() == expected
+    cut = tmp_path / "cut.csv"
+    cut.write_bytes(input_path.read_bytes()[:5000])
+    for stderr in (_stderr_closed, _stderr_full):
+        output.write_text("old\n")
+        refused = cnnlab("cpu", cnn_path, cut, output, preexec_fn=stderr)
+        assert (refused.returncode, refused.stdout, output.read_text()) == (2, "", "old\n")
+    to_stdout = cnnlab("cpu", cnn_path, input_path, "-", preexec_fn=_stderr_full)
+    assert to_stdout.returncode == 2 and to_stdout.stdout == expected.decode()
+
+
+def test_standard_output_on_the_input_file_is_refused(run_files: tuple[Path, Path, bytes]) -> None:
+    """`cnnlab cpu cnn.csv in.csv - >> in.csv` would append the outputs to the file being read."""
+    cnn_path, input_path, _ = run_files
+    before = input_path.read_bytes()
+    with open(input_path, "a") as appended:
+        message = assert_one_line_error(cnnlab("cpu", cnn_path, input_path, "-", stdout=appended))
+    assert "<stdout>: is the input file" in message and input_path.read_bytes() == before
+
+
 def test_a_read_error_after_opening_is_one_line(tmp_path: Path, run_files: tuple[Path, Path, bytes]) -> None:
     cnn_path, _, _ = run_files
     # /proc/self/mem opens, then fails every read at offset 0 with EIO, as a failing disk would.

@@ -21,8 +21,6 @@ from cnnlab.resources import resource_dir
 from cnnlab.run import RunStats, make_backend, run_network
 
 if TYPE_CHECKING:
-    from _typeshed import SupportsWrite
-
     from cnnlab.trace.recorder import Recorder
 
 DEFAULT_OUTPUTS = {"cpu": Path("out/out.csv"), "cuda": Path("out/out_cuda.csv")}
@@ -82,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
             with AtomicOutput(args.trace, binary=True, together=together) as out:
                 write_trace(out, args, device, stats, recorder)
         # With the outputs on standard output (`-`, /dev/stdout), the lab's line goes to stderr: the outputs stay a clean file.
-        say(f"{stats.work_microseconds} microseconds of actual work done", sys.stderr if output.descriptor == 1 else sys.stdout)
+        say(f"{stats.work_microseconds} microseconds of actual work done", to_stderr=output.descriptor == 1)
         flush_stdout()
     return 0
 
@@ -215,12 +213,12 @@ def trace_plot(args: argparse.Namespace) -> int:
     return 0
 
 
-def say(text: str, stream: SupportsWrite[str] | None = None) -> None:
-    """Print a result line (to standard output unless told otherwise)."""
-    stream = stream or sys.stdout
+def say(text: str, to_stderr: bool = False) -> None:
+    """Print a result line to standard output, or to standard error (the lab's line, where the outputs go to stdout)."""
+    stream, name = (sys.stderr, "<stderr>") if to_stderr else (sys.stdout, STANDARD_STREAM)
     if stream is None:  # the process was started with standard output closed (`>&-`)
         raise OutputFileError("<stdout>: cannot write: standard output is closed")
-    with writing(STANDARD_STREAM):
+    with writing(name):
         print(text, file=stream)
 
 

@@ -12,6 +12,7 @@ import re
 import signal
 import sys
 from collections.abc import Sequence
+from contextlib import suppress
 
 from cnnlab import interrupts
 from cnnlab.cli.commands import flush_stdout
@@ -58,8 +59,10 @@ def _ended_by(error: BaseException) -> int:
         error = ResourceError(f"cannot start a thread{memory_limit_note()}")
     if not isinstance(error, CnnlabError):
         raise error
-    # One line, whatever a path held: a newline or another control character is shown escaped.
-    print("cnnlab: " + _CONTROL.sub(lambda match: repr(match[0])[1:-1], str(error)), file=sys.stderr)
+    # One line, whatever a path held: a newline or another control character is shown escaped. Where standard error
+    # cannot take it (2>/dev/full), the status alone tells.
+    with suppress(OSError):
+        print("cnnlab: " + _CONTROL.sub(lambda match: repr(match[0])[1:-1], str(error)), file=sys.stderr, flush=True)
     if isinstance(error, DeviceLostError):
         # Leave without running destructors: PyCUDA would print a warning for every object it can
         # no longer free in the lost context, and there is nothing left to clean up (the output's

@@ -54,7 +54,7 @@ class _Parser(argparse.ArgumentParser):
     def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
         """--help's text, with standard output's faults reported (argparse's own printer drops them)."""
         if message:
-            commands.say(message.rstrip("\n"), file or sys.stdout)
+            commands.say(message.rstrip("\n"), to_stderr=file is not None and file is sys.stderr)
 
 
 def _positive_int(text: str, most: int | None = None) -> int:

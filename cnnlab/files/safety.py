@@ -172,17 +172,22 @@ def refuse_same_files(outputs: Iterable[str | os.PathLike], others: Iterable[tup
             for key in _identities(other):
                 known.setdefault(key, (index, role, other))
     for output in outputs:
-        if os.fspath(output) == STANDARD_STREAM:
-            continue
         found = [known[key] for key in _identities(output) if key in known]
         if found:
             _, role, other = min(found, key=lambda entry: entry[0])
-            raise OutputFileError(f"{named(output)}: is the {role} {named(other)}; refusing to write over it")
+            raise OutputFileError(f"{shown(output)}: is the {role} {named(other)}; refusing to write over it")
 
 
 def _identities(path: str | os.PathLike) -> list[tuple[int, int] | str]:
     """What two names of one file share: the path their links lead to, and where the file exists its device and inode
-    (os.path.samefile's test, with its fallback to the path for a file not there yet)."""
+    (os.path.samefile's test, with its fallback to the path for a file not there yet). `-`, standard output: the file
+    the shell opened it on (`>> in.csv`), if a file."""
+    if os.fspath(path) == STANDARD_STREAM:
+        try:
+            status = os.fstat(1)
+        except OSError:  # closed
+            return []
+        return [(status.st_dev, status.st_ino)] if stat.S_ISREG(status.st_mode) else []
     try:
         status = os.stat(path)
     except OSError:  # it does not exist (yet)
