@@ -140,7 +140,7 @@ def test_a_signal_after_the_last_write_leaves_every_path_as_it_was(
     output.parent.mkdir()
     output.write_text("previous\n")
 
-    def interrupted(text: str, stream: object = None) -> None:
+    def interrupted(text: str, to_stderr: bool = False) -> None:
         interrupts._raise_for(signal.SIGTERM, None)
 
     monkeypatch.setattr(commands, "say", interrupted)
@@ -258,6 +258,7 @@ HOSTILE_NPY = {
     "pickled objects": (_npy(_shape("(2, 100, 100)", "|O"), b"\x80\x04N."), "needs float64"),
     "code in the header": (_npy("__import__('os').system('false')"), "header cannot be parsed"),
     "truncated data": (_npy(_shape("(2, 100, 100)"), b"\x01" * 1000), "file ends after"),
+    "data after the images": (_npy(_shape("(1, 100, 100)"), b"\x01" * 80_008), "bytes its header announces (80134 bytes)"),
     "truncated magic": (b"\x93NUM", "not a .npy file"),
     "a shape of booleans": (_npy(_shape("(True, 100, 100)")), "not one of whole numbers"),
 }
@@ -289,6 +290,22 @@ def test_a_npy_input_through_a_fifo_gives_the_files_outputs(tmp_path: Path, run_
     writer.join(timeout=60)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "out.csv").read_bytes() == expected
+
+
+def test_a_npy_input_through_a_fifo_that_goes_on_after_its_images_is_refused(
+    tmp_path: Path, run_files: tuple[Path, Path, bytes]
+) -> None:
+    """Two .npy files run together into a pipe: the first's images are not the file's."""
+    cnn_path, input_path, _ = run_files
+    assert cnnlab("convert", input_path, tmp_path / "in.npy").returncode == 0
+    fifo = tmp_path / "pipe.npy"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_bytes(2 * (tmp_path / "in.npy").read_bytes()))
+    writer.start()
+    (tmp_path / "out.csv").write_text("old\n")
+    message = assert_one_line_error(cnnlab("cpu", cnn_path, fifo, tmp_path / "out.csv"))
+    writer.join(timeout=60)
+    assert message.startswith(f"cnnlab: {fifo}: data after the ") and (tmp_path / "out.csv").read_text() == "old\n"
 
 
 def test_a_npy_file_truncated_while_being_read_is_an_error_not_a_crash(tmp_path: Path, rng: np.random.Generator) -> None:

@@ -90,6 +90,8 @@ def _read_header(path: str | os.PathLike, file: IO[bytes]) -> tuple[tuple[int, .
     status = os.fstat(file.fileno())
     if stat.S_ISREG(status.st_mode) and status.st_size < expected:
         raise InputFileError(path, f"file ends after {status.st_size} of the {expected} bytes its header announces")
+    if stat.S_ISREG(status.st_mode) and status.st_size > expected:  # two files run together (cat a.npy b.npy): not one
+        raise InputFileError(path, f"file goes on after the {expected} bytes its header announces ({status.st_size} bytes)")
     return shape, offset
 
 
@@ -186,9 +188,16 @@ class NpyImageReader:
         return got
 
     def finish(self) -> None:
-        """After all N images: a .npy file holds exactly the images its header announces; a mapped one is checked
-        whole, so that no output computed from a lost page is kept."""
+        """After all N images: a .npy file holds exactly the images its header announces (a file's size was checked
+        at its header; a pipe's end is read for here); a mapped one is checked whole, so that no output computed from
+        a lost page is kept."""
         self._check_whole()
+        if not self._seekable:
+            wait_readable(self._file.fileno(), self.stop)
+            with reading(self.path):
+                more = self._file.read(1)
+            if more:
+                raise InputFileError(self.path, f"data after the {self.count} images its header announces")
 
     def _check_whole(self) -> None:
         """Where a page was lost (the guard read it as zeros), or the file is shorter than mapped (its last page
