@@ -1,4 +1,4 @@
-"""What --trace costs a run's loop: cnnlab MODE on the same files without and with --trace, in turns (A B A B ...), the
+"""What --trace costs a run's loop: cnnlab MODE on the same files without and with --trace, in turns (A B B A A B ...), the
 loop's seconds of each from --timing-json, and the ratio with/without taken pair by pair.
 
     python tools/trace_overhead.py MODE CNN_FILE INPUT_FILE --trace PATH [--runs 3] [-- MORE CNNLAB OPTIONS]
@@ -8,8 +8,8 @@ median (min..max) of each side and of the ratio: docs/trace.md's overhead figure
 
 A whole run's loop varies by more than the trace costs it, so the tool also gives the recorder's own time: what a span
 costs here (host spans; in cuda mode, stream spans with their CUDA events, recorded, then settled), times the spans of
-the last trace that the main thread recorded, over that run's loop. The main thread records every stream span, and
-in both modes it waits on the reader most of the loop: its share is what the trace could add to the loop, at most.
+the last trace that the main thread recorded, over the untraced loop's median. The main thread records every stream
+span: where it is the loop's bound (cuda mode, docs/trace.md), all of that time is added to the loop.
 """
 
 from __future__ import annotations
@@ -148,9 +148,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as work:
         command = [sys.executable, "-m", "cnnlab", args.mode, args.cnn, args.input, str(Path(work) / "out.csv"), *options]
         plain, traced = [], []
-        for run in range(args.runs):
-            plain.append(loop_seconds(command, Path(work) / "plain.json"))
-            traced.append(loop_seconds([*command, "--trace", args.trace], Path(work) / "traced.json"))
+        run_plain = partial(loop_seconds, command, Path(work) / "plain.json")
+        run_traced = partial(loop_seconds, [*command, "--trace", args.trace], Path(work) / "traced.json")
+        for run in range(args.runs):  # ABBA: each pair's order the other way from the last, so that order cancels
+            if run % 2:
+                traced.append(run_traced())
+                plain.append(run_plain())
+            else:
+                plain.append(run_plain())
+                traced.append(run_traced())
             print(f"run {run + 1}: loop {plain[-1]:.3f} s without --trace, {traced[-1]:.3f} s with it", flush=True)
     print(f"without --trace   loop s {spread(plain)}")
     print(f"with --trace      loop s {spread(traced)}")
