@@ -641,13 +641,35 @@ def test_closed_or_full_standard_error_keeps_the_outputs_and_the_status(tmp_path
     assert to_stdout.returncode == 2 and to_stdout.stdout == expected.decode()
 
 
-def test_standard_output_on_the_input_file_is_refused(run_files: tuple[Path, Path, bytes]) -> None:
-    """`cnnlab cpu cnn.csv in.csv - >> in.csv` would append the outputs to the file being read."""
+def test_standard_output_on_the_input_or_another_output_is_refused(tmp_path: Path, run_files: tuple[Path, Path, bytes]) -> None:
+    """`cnnlab cpu cnn.csv in.csv - >> in.csv` would append the outputs to the file being read, and `... - --timing-json
+    t.json > t.json` replace them with the JSON file."""
     cnn_path, input_path, _ = run_files
     before = input_path.read_bytes()
     with open(input_path, "a") as appended:
         message = assert_one_line_error(cnnlab("cpu", cnn_path, input_path, "-", stdout=appended))
     assert "<stdout>: is the input file" in message and input_path.read_bytes() == before
+    for option in ("--timing-json", "--trace"):
+        other = tmp_path / "other.json"
+        with open(other, "w") as stdout:
+            message = assert_one_line_error(cnnlab("cpu", cnn_path, input_path, "-", option, other, stdout=stdout))
+        assert message == f"cnnlab: {other}: is the output file /dev/stdout; refusing to write over it\n"
+
+
+def test_a_npy_output_file_through_a_fifo_that_goes_on_is_refused(tmp_path: Path, rng: np.random.Generator) -> None:
+    outputs, fifo = tmp_path / "out.npy", tmp_path / "pipe.npy"
+    np.save(outputs, rng.uniform(-10, 10, (4, 10)))
+    os.mkfifo(fifo)
+
+    def write_twice() -> None:
+        with suppress(BrokenPipeError):
+            fifo.write_bytes(2 * outputs.read_bytes())
+
+    writer = threading.Thread(target=write_twice)
+    writer.start()
+    message = assert_one_line_error(cnnlab("compare", fifo, outputs))
+    writer.join(timeout=60)
+    assert message == f"cnnlab: {fifo}: data after the 320 data bytes its header announces\n"
 
 
 def test_a_read_error_after_opening_is_one_line(tmp_path: Path, run_files: tuple[Path, Path, bytes]) -> None:

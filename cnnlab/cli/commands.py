@@ -54,7 +54,9 @@ def run(args: argparse.Namespace) -> int:
     cnn_path, input_path, output_path = files
     refuse_same_file(output_path, {"input file": input_path, "CNN file": cnn_path})
     output = output_target(output_path)  # a folder that cannot take the output is found before the run, not after it
-    others: dict[str, str | os.PathLike[str]] = {"input file": input_path, "CNN file": cnn_path, "output file": output_path}
+    # `-` as the output is standard output: the file the shell opened it on is checked against, as /dev/stdout's would be.
+    written = "/dev/stdout" if os.fspath(output_path) == STANDARD_STREAM else output_path
+    others: dict[str, str | os.PathLike[str]] = {"input file": input_path, "CNN file": cnn_path, "output file": written}
     for option, path in (("--timing-json", args.timing_json), ("--trace", args.trace)):
         if path is not None:
             target = output_target(path)
@@ -215,9 +217,9 @@ def trace_plot(args: argparse.Namespace) -> int:
 
 def say(text: str, to_stderr: bool = False) -> None:
     """Print a result line to standard output, or to standard error (the lab's line, where the outputs go to stdout)."""
-    stream, name = (sys.stderr, "<stderr>") if to_stderr else (sys.stdout, STANDARD_STREAM)
-    if stream is None:  # the process was started with standard output closed (`>&-`)
-        raise OutputFileError("<stdout>: cannot write: standard output is closed")
+    stream, name, what = (sys.stderr, "<stderr>", "error") if to_stderr else (sys.stdout, STANDARD_STREAM, "output")
+    if stream is None:  # the process was started with it closed (`>&-`)
+        raise OutputFileError(f"{shown(name)}: cannot write: standard {what} is closed")
     with writing(name):
         print(text, file=stream)
 

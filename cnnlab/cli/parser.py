@@ -54,7 +54,10 @@ class _Parser(argparse.ArgumentParser):
     def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
         """--help's text, with standard output's faults reported (argparse's own printer drops them)."""
         if message:
-            commands.say(message.rstrip("\n"), to_stderr=file is not None and file is sys.stderr)
+            if file is None or file is sys.stdout:
+                commands.say(message.rstrip("\n"))
+            else:  # a stream a caller named
+                super()._print_message(message, file)
 
 
 def _positive_int(text: str, most: int | None = None) -> int:

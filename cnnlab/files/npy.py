@@ -267,6 +267,9 @@ def read_output_rows(path: str | os.PathLike) -> list[list[float]]:
         with reading(path):
             while len(data) < wanted and (part := file.read(min(wanted - len(data), READ_BYTES))):  # a pipe, bit by bit
                 data += part
+            more = file.read(1)  # a file's size was checked at its header; a pipe's end is read for
         if len(data) < wanted:
             raise InputFileError(path, f"file ends after {len(data)} of the {wanted} data bytes its header announces")
+        if more:
+            raise InputFileError(path, f"data after the {wanted} data bytes its header announces")
         return np.frombuffer(data, DTYPE).reshape(shape).tolist()
