@@ -70,8 +70,8 @@ def _start() -> int:
 
         starting = start_driver(_gpus_named(sys.argv[2:]))
     try:
-        from cnnlab.cli.main import main as cli_main
-
+        with interrupts.deferred():  # numpy and cnnlab imported with signals held (a few tenths of a second at most)
+            from cnnlab.cli.main import main as cli_main
         return cli_main()
     finally:
         if starting is not None:

@@ -66,6 +66,18 @@ def held() -> Iterator[None]:
         raise SIGNAL_EXITS[_received[0]][0]
 
 
+@contextmanager
+def deferred() -> Iterator[None]:
+    """Signals wait while inside (the imports of numpy and cnnlab): raised in the import system's own callbacks, an
+    exception can be printed as a traceback by C code that goes on (seen once in a dozen suite runs); blocked, the
+    signal is taken as the block ends, and raised from there."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, set(SIGNAL_EXITS))
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, set(SIGNAL_EXITS))
+
+
 def raise_if_received() -> None:
     """Raise again a signal's exception that was swallowed: one that landed where Python cannot raise (in a
     callback of the import system, say) is printed as "Exception ignored" and the program goes on."""
