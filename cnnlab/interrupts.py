@@ -69,8 +69,8 @@ def held() -> Iterator[None]:
 @contextmanager
 def deferred() -> Iterator[None]:
     """Signals wait while inside (the imports of numpy and cnnlab): raised in the import system's own callbacks, an
-    exception can be printed as a traceback by C code that goes on (seen once in a dozen suite runs); blocked, the
-    signal is taken as the block ends, and raised from there."""
+    exception can be printed as a traceback by C code that goes on; blocked, the signal is taken as the block ends, and
+    raised from there."""
     signal.pthread_sigmask(signal.SIG_BLOCK, set(SIGNAL_EXITS))
     try:
         yield

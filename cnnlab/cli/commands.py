@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from cnnlab import interrupts
 from cnnlab.errors import STANDARD_STREAM, DeviceError, OutputFileError, UsageError, named, shown
 from cnnlab.files.labcsv import read_cnn
-from cnnlab.files.safety import AtomicOutput, OutputSet, output_target, refuse_same_file, writing
+from cnnlab.files.safety import STDOUT_FILE, AtomicOutput, OutputSet, output_target, refuse_same_file, writing
 from cnnlab.network import NO_TRACE, Tracer
 from cnnlab.resources import resource_dir
 from cnnlab.run import RunStats, make_backend, run_network
@@ -54,8 +54,8 @@ def run(args: argparse.Namespace) -> int:
     cnn_path, input_path, output_path = files
     refuse_same_file(output_path, {"input file": input_path, "CNN file": cnn_path})
     output = output_target(output_path)  # a folder that cannot take the output is found before the run, not after it
-    # `-` as the output is standard output: the file the shell opened it on is checked against, as /dev/stdout's would be.
-    written = "/dev/stdout" if os.fspath(output_path) == STANDARD_STREAM else output_path
+    # `-` as the output is standard output: the other outputs are checked against the file the shell opened it on.
+    written = STDOUT_FILE if os.fspath(output_path) == STANDARD_STREAM else output_path
     others: dict[str, str | os.PathLike[str]] = {"input file": input_path, "CNN file": cnn_path, "output file": written}
     for option, path in (("--timing-json", args.timing_json), ("--trace", args.trace)):
         if path is not None:

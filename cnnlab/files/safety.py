@@ -157,6 +157,9 @@ def _create_temporary(folder: str, prefix: str) -> tuple[int, str]:
     raise FileExistsError(errno.EEXIST, "no unused temporary name", folder)
 
 
+STDOUT_FILE = "/dev/stdout"  # standard output's file by name: `-` as an output is checked as this path is
+
+
 def refuse_same_file(output: str | os.PathLike, others: Mapping[str, str | os.PathLike]) -> None:
     """Raise an OutputFileError if `output` is one of `others` (by role: "input file", ...), as refuse_same_files says."""
     refuse_same_files([output], others.items())
@@ -180,14 +183,10 @@ def refuse_same_files(outputs: Iterable[str | os.PathLike], others: Iterable[tup
 
 def _identities(path: str | os.PathLike) -> list[tuple[int, int] | str]:
     """What two names of one file share: the path their links lead to, and where the file exists its device and inode
-    (os.path.samefile's test, with its fallback to the path for a file not there yet). `-`, standard output: the file
-    the shell opened it on (`>> in.csv`), if a file."""
+    (os.path.samefile's test, with its fallback to the path for a file not there yet). `-`, standard output: what
+    /dev/stdout leads to, the file the shell opened it on (`>> in.csv`)."""
     if os.fspath(path) == STANDARD_STREAM:
-        try:
-            status = os.fstat(1)
-        except OSError:  # closed
-            return []
-        return [(status.st_dev, status.st_ino)] if stat.S_ISREG(status.st_mode) else []
+        path = STDOUT_FILE
     try:
         status = os.stat(path)
     except OSError:  # it does not exist (yet)
