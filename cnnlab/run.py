@@ -2,7 +2,8 @@
 
 A reader thread parses the next batch while this one computes, straight into the buffers the
 backend reads fastest from (page-locked ones for CUDA); a .npy file the CPU computes from is
-mapped instead, and its batches are handed over in place.
+mapped instead, and its batches are handed over in place. A writer thread writes each batch's
+outputs to a regular file while the next computes.
 
 Only backend.compute() is timed: the lab's "actual work", without reading or writing files.
 """
@@ -23,7 +24,7 @@ import numpy as np
 
 from cnnlab.errors import ArrayError, InputFileError
 from cnnlab.files.csv_reader import CsvBatch, CsvImageReader
-from cnnlab.files.formats import ImageReader, open_images, open_outputs
+from cnnlab.files.formats import ImageReader, OutputWriter, open_images, open_outputs
 from cnnlab.files.npy import VIEW_IMAGES, NpyImageReader
 from cnnlab.files.safety import OutputSet
 from cnnlab.interrupts import join_through_signals
@@ -119,6 +120,71 @@ class Prefetcher:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+class WriteBehind:
+    """Writes each batch's outputs in order, on a thread of its own while the next batch computes: in cuda mode the main
+    thread queues every chunk and is the loop's bound, and a write there left the GPU idle (docs/trace.md).
+
+    Only to a regular file (`output.regular`); elsewhere write() writes on the caller's thread, as a write to a pipe or a
+    terminal may wait on another program for ever, and the end of the `with` block waits for the write in progress (the
+    file must not be closed under it). A failed write is raised on the caller's thread, at its next write() or at the
+    block's end; after one, or once the block is left early, the batches still queued are dropped.
+    """
+
+    QUEUED = 2  # batches handed over and not yet written: write() waits beyond this (a slow disk holds the loop back)
+
+    def __init__(self, output: OutputWriter, trace: Tracer = NO_TRACE) -> None:
+        self._output, self._trace = output, trace
+        self._batches: queue.SimpleQueue[OutputBatch | None] = queue.SimpleQueue()
+        self._room = threading.Semaphore(self.QUEUED)
+        self._error: BaseException | None = None
+        self._dropping = False
+        self._handed = 0  # batches handed to write()
+        self._thread: threading.Thread | None = None
+        if output.regular:
+            self._thread = threading.Thread(target=self._write_queued, name="cnnlab-writer", daemon=True)
+            self._thread.start()
+
+    def _write(self, number: int, outputs: OutputBatch) -> None:
+        with self._trace.span("write", batch=number, images=len(outputs)):
+            self._output.write(outputs)
+
+    def _write_queued(self) -> None:
+        for number in itertools.count():
+            if (outputs := self._batches.get()) is None:
+                return
+            try:
+                if self._error is None and not self._dropping:
+                    self._write(number, outputs)
+            except BaseException as error:  # raised on the caller's thread
+                self._error = error
+            finally:
+                self._room.release()
+
+    def write(self, outputs: OutputBatch) -> None:
+        number, self._handed = self._handed, self._handed + 1
+        if self._thread is None:
+            return self._write(number, outputs)
+        if self._error is not None:
+            raise self._error
+        if not self._room.acquire(blocking=False):
+            with self._trace.span("wait for writer"):
+                self._room.acquire()
+        self._batches.put(outputs)
+
+    def __enter__(self) -> WriteBehind:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        if self._thread is None:
+            return
+        self._dropping = exc_type is not None
+        self._batches.put(None)
+        with self._trace.span("wait for writer"):
+            join_through_signals(self._thread)
+        if self._error is not None and exc_type is None:
+            raise self._error
 
 
 def fill_images(reader: ImageReader, buffer: np.ndarray, stop: threading.Event) -> ImageBatch | None:
@@ -219,7 +285,11 @@ def run_network(
         work_seconds, startup_seconds, images_done = 0.0, None, 0
         loop_start = time.perf_counter()
         try:
-            with trace.span("loop", images=reader.count), Prefetcher(read, buffers, reader.stop, trace) as batches:
+            with (
+                trace.span("loop", images=reader.count),
+                Prefetcher(read, buffers, reader.stop, trace) as batches,
+                WriteBehind(output, trace) as writer,
+            ):
                 for number, batch in enumerate(batches):
                     with trace.span("batch", batch=number, images=len(batch)):
                         startup_seconds = process_age() if startup_seconds is None else startup_seconds
@@ -231,8 +301,7 @@ def run_network(
                             raise _non_finite_image(input_path, batch, images_done) from None
                         work_seconds += time.perf_counter() - start
                         _refuse_non_finite(input_path, outputs, images_done)
-                        with trace.span("write", batch=number, images=len(outputs)):
-                            output.write(outputs)
+                        writer.write(outputs)
                         images_done += len(outputs)
                         progress.update(images_done)
             loop_seconds = time.perf_counter() - loop_start

@@ -82,14 +82,19 @@ def test_cpu_trace_follows_the_format_and_changes_no_output(files: tuple[Path, P
     assert (tmp_path / "traced.csv").read_bytes() == (tmp_path / "plain.csv").read_bytes()
     trace = json.loads((tmp_path / "t.json").read_text())
     names = assert_trace_format(trace)
-    assert {"main loop", "cnnlab-reader", "cnnlab-parse-native-1"} <= set(names.values())
+    assert {"main loop", "cnnlab-reader", "cnnlab-writer", "cnnlab-parse-native-1"} <= set(names.values())
     assert trace["otherData"]["mode"] == "cpu" and trace["otherData"]["images"] == 300
     main = spans_named(trace, names, "main loop")
     [loop] = [span for span in main if span["name"] == "loop"]
     batches = [span for span in main if span["name"] == "batch"]
     assert [span["args"]["batch"] for span in batches] == list(range(5)) and sum(span["args"]["images"] for span in batches) == 300
-    assert {"compute", "write", "wait for batch"} <= {span["name"] for span in main}
-    assert coverage([span for span in main if span["name"] in ("start reader", "batch", "wait for batch")], loop) >= 0.95
+    assert {"compute", "wait for batch"} <= {span["name"] for span in main}
+    assert coverage([span for span in main if span["name"] in ("start reader", "batch", "wait for batch", "wait for writer")], loop) >= 0.95
+    # Each batch written on the writer's track, in order, after its compute (a regular file: the writer thread writes it).
+    writes = spans_named(trace, names, "cnnlab-writer")
+    computes = [span for span in main if span["name"] == "compute"]
+    assert [span["args"]["batch"] for span in writes] == list(range(5)) and sum(span["args"]["images"] for span in writes) == 300
+    assert all(write["ts"] + ROUNDING_US >= compute["ts"] + compute["dur"] for write, compute in zip(writes, computes))
     pieces = [event for event in trace["traceEvents"] if event["name"] == "parse piece"]
     steps = [event for event in trace["traceEvents"] if event["name"] == "parse"]
     assert sum(piece["args"]["bytes"] for piece in pieces) == sum(step["args"]["bytes"] for step in steps) > 0

@@ -4,7 +4,7 @@
 # this Python and the kernels' fatbins, then the stages asked for. Logs and figures go to $OUT
 # (default out/gpu); big files to $WORK (default /tmp).
 #   tools/gpu-check.sh [tests] [bench] [bar] [startup] [npy] [memory] [failrate] [long] [ladder]   (default: all)
-#   tests     every test, GPU ones and the fuzz tests' long profiles (--long) included
+#   tests     every test, GPU ones and the fuzz tests' long profiles (--long) included, on every core
 #   bench     cnnlab bench, every row, with --json and --plot
 #   ladder    the optimization ladder: its tests, the top rung's tuning sweep and SASS counts,
 #             then cnnlab bench --rows kernels,peers with --json and --plot
@@ -82,7 +82,9 @@ for stage in $stages; do
   echo "== $stage" | tee -a "$OUT/stages.log"
   case $stage in
     tests)
-      python3 -m pytest -q -rs -p no:cacheprovider --long tests 2>&1 | tee "$OUT/tests.log" || status=1 ;;
+      # On every core where pytest-xdist is installed (the GPU's users take turns: tests/conftest.py's lock).
+      workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n auto")
+      python3 -m pytest -q -rs -p no:cacheprovider $workers --long tests 2>&1 | tee "$OUT/tests.log" || status=1 ;;
     bench)
       cnnlab bench --json "$OUT/bench.json" --plot "$OUT/bench.png" 2>&1 | tee "$OUT/bench.log" || status=1 ;;
     ladder)

@@ -64,6 +64,10 @@ class CsvOutputWriter:
         self._file = self._output.__enter__()
         return self
 
+    @property
+    def regular(self) -> bool:
+        return self._output.regular
+
     def write(self, outputs: OutputBatch) -> None:
         self._file.write(format_rows(outputs.values))
 

@@ -242,6 +242,10 @@ class NpyWriter:
         self._file.write(np.ascontiguousarray(rows, DTYPE).data)
         self._rows += len(rows)
 
+    @property
+    def regular(self) -> bool:
+        return self._output.regular
+
     def write(self, outputs: OutputBatch) -> None:
         self.write_rows(outputs.values)
 

@@ -267,6 +267,11 @@ class AtomicOutput:
         self._file = os.fdopen(descriptor, "wb") if self._binary else os.fdopen(descriptor, "w", newline="\n")
         return _GuardedStream(self._file, target)
 
+    @property
+    def regular(self) -> bool:
+        """Whether the file (open) is a temporary regular file, whose writes never wait on another program."""
+        return self._temporary is not None
+
     def finish(self) -> None:
         """Flush and close the file: where a full disk or a file-size limit shows itself last."""
         assert self._file is not None
