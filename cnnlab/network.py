@@ -256,8 +256,9 @@ class Tracer(Protocol):
         `follows`: it is queued right after the stream's last span, so its first span starts at that one's end."""
         ...
 
-    def complete(self, name: str, tid: int, start_ns: int, end_ns: int, thread: str, **args: Any) -> None:
-        """A span timed elsewhere (perf_counter_ns's clock) on thread `tid`'s track, named `thread` where it has no name."""
+    def pieces(self, name: str, times: np.ndarray, nbytes: np.ndarray, thread: str) -> None:
+        """Spans timed in native code, one a row of `times` (pool worker, thread id, start and end ns on perf_counter_ns's
+        clock), each of `nbytes` bytes, on its thread's track (named `thread`.format(worker=...) where it has no name)."""
         ...
 
     def launches(self, module: Any) -> Any:
@@ -281,7 +282,7 @@ class _NoTrace:
     def group(self, name: str, stream: Any, follows: bool = False, **args: Any) -> AbstractContextManager[object]:
         return self._nothing
 
-    def complete(self, name: str, tid: int, start_ns: int, end_ns: int, thread: str, **args: Any) -> None:
+    def pieces(self, name: str, times: np.ndarray, nbytes: np.ndarray, thread: str) -> None:
         pass
 
     def launches(self, module: Any) -> Any:

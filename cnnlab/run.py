@@ -144,7 +144,8 @@ class WriteBehind:
         self._thread: threading.Thread | None = None
         if output.regular:
             self._thread = threading.Thread(target=self._write_queued, name="cnnlab-writer", daemon=True)
-            self._thread.start()
+            with trace.span("start writer"):
+                self._thread.start()
 
     def _write(self, number: int, outputs: OutputBatch) -> None:
         with self._trace.span("write", batch=number, images=len(outputs)):
@@ -287,8 +288,8 @@ def run_network(
         try:
             with (
                 trace.span("loop", images=reader.count),
+                WriteBehind(output, trace) as writer,  # started first: a thread's start waits for the GIL
                 Prefetcher(read, buffers, reader.stop, trace) as batches,
-                WriteBehind(output, trace) as writer,
             ):
                 for number, batch in enumerate(batches):
                     with trace.span("batch", batch=number, images=len(batch)):

@@ -1,15 +1,19 @@
-"""What --trace costs a run's loop: cnnlab MODE on the same files without and with --trace, in turns (A B B A A B ...), the
-loop's seconds of each from --timing-json, and the ratio with/without taken pair by pair.
+"""What --trace costs a run's loop: the same files through `cnnlab MODE` without and with a trace, in turns (A B B A A B
+...), the loop's seconds of each, and the ratio with/without taken pair by pair.
 
-    python tools/trace_overhead.py MODE CNN_FILE INPUT_FILE --trace PATH [--runs 3] [-- MORE CNNLAB OPTIONS]
+    python tools/trace_overhead.py MODE CNN_FILE INPUT_FILE --trace PATH [--runs 3]
 
-PATH (.json or .json.gz) keeps the last traced run's trace, for `cnnlab trace-plot`. Prints each run's loop seconds, the
-median (min..max) of each side and of the ratio: docs/trace.md's overhead figures are this (tools/gpu-check.sh trace).
+The pairs run in this one process (run.run_network, as the command line calls it, on two backends made once: one whose
+streams and kernels tell a recorder their time, one that tells nothing), so that a pair takes the loop's time twice and
+no process's start: a whole run's start-up varies by more than the trace costs its loop, and this way a call holds
+several times the pairs. A last run through the command line with --trace keeps its trace at PATH (.json or .json.gz),
+for `cnnlab trace-plot`. Prints each pair's loop seconds, the median (min..max) of each side and of the ratio, and a 90%
+interval of the ratio's median (resampled pairs): docs/trace.md's overhead figures are this (tools/gpu-check.sh trace).
 
-A whole run's loop varies by more than the trace costs it, so the tool also gives the recorder's own time: what a span
+A loop still varies by more than the trace costs it, so the tool also gives the recorder's own time: what a span
 costs here (host spans; in cuda mode, stream spans with their CUDA events, recorded, then settled), times the spans of
-the last trace that the main thread recorded, over the untraced loop's median. The main thread records every stream
-span: where it is the loop's bound (cuda mode, docs/trace.md), all of that time is added to the loop.
+the command line's trace that the main thread recorded, over the untraced loop's median. The main thread records every
+stream span: where it is the loop's bound, all of that time is added to the loop.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import random
 import statistics
 import subprocess
 import sys
@@ -31,9 +36,39 @@ from pathlib import Path
 from paired_wall import spread
 
 
-def loop_seconds(command: list[str], timing: Path) -> float:
-    subprocess.run([*command, "--timing-json", str(timing)], stdout=subprocess.DEVNULL, check=True)
-    return float(json.loads(timing.read_text())["loop_seconds"])
+def paired_loops(mode: str, cnn_path: str, input_path: str, runs: int, out: Path) -> tuple[list[float], list[float]]:
+    """The loop's seconds of `runs` untraced and `runs` traced runs of the job, in ABBA order, in this process."""
+    from cnnlab.files.labcsv import read_cnn
+    from cnnlab.run import make_backend, run_network
+    from cnnlab.trace.recorder import Recorder
+
+    cnn, recorder = read_cnn(cnn_path), Recorder()
+    plain: list[float] = []
+    traced: list[float] = []
+    with make_backend(mode, cnn, None) as untraced_backend, make_backend(mode, cnn, None, trace=recorder) as traced_backend:
+        def run_plain() -> None:
+            plain.append(run_network(untraced_backend, input_path, out).loop_seconds)
+
+        def run_traced() -> None:
+            recorder.clear()  # each run's spans alone, as the command line's recorder holds them
+            traced.append(run_network(traced_backend, input_path, out, trace=recorder).loop_seconds)
+
+        run_plain(), run_traced()  # not counted: a process's first runs fault in its pools and page-locked windows
+        plain.clear(), traced.clear()
+        for run in range(runs):  # ABBA: each pair's order the other way from the last, so that order cancels
+            for step in (run_traced, run_plain) if run % 2 else (run_plain, run_traced):
+                step()
+            print(f"run {run + 1}: loop {plain[-1]:.3f} s without --trace, {traced[-1]:.3f} s with it", flush=True)
+    return plain, traced
+
+
+def median_interval(ratios: list[float], level: float = 0.9, resamples: int = 4000) -> tuple[float, float]:
+    """A `level` interval of the median of `ratios`, by resampling them (a bootstrap, seeded: the same figures give the
+    same interval)."""
+    rng = random.Random(459)
+    medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(resamples))
+    tail = int(resamples * (1 - level) / 2)
+    return medians[tail], medians[-tail - 1]
 
 
 @dataclass(frozen=True)
@@ -138,29 +173,19 @@ def main() -> None:
     parser.add_argument("mode", choices=["cpu", "cuda"])
     parser.add_argument("cnn")
     parser.add_argument("input")
-    parser.add_argument("--trace", required=True, help="where the last traced run's trace is kept")
+    parser.add_argument("--trace", required=True, help="where the command line's traced run keeps its trace")
     parser.add_argument("--runs", type=int, default=3, help="runs of each, in turns (default 3)")
-    # More options for cnnlab MODE come after --: split off here, as argparse would take a positional list too early.
-    argv, options = sys.argv[1:], []
-    if "--" in argv:
-        argv, options = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
-    args = parser.parse_args(argv)
+    args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work:
-        command = [sys.executable, "-m", "cnnlab", args.mode, args.cnn, args.input, str(Path(work) / "out.csv"), *options]
-        plain, traced = [], []
-        run_plain = partial(loop_seconds, command, Path(work) / "plain.json")
-        run_traced = partial(loop_seconds, [*command, "--trace", args.trace], Path(work) / "traced.json")
-        for run in range(args.runs):  # ABBA: each pair's order the other way from the last, so that order cancels
-            if run % 2:
-                traced.append(run_traced())
-                plain.append(run_plain())
-            else:
-                plain.append(run_plain())
-                traced.append(run_traced())
-            print(f"run {run + 1}: loop {plain[-1]:.3f} s without --trace, {traced[-1]:.3f} s with it", flush=True)
+        out = Path(work) / "out.csv"
+        plain, traced = paired_loops(args.mode, args.cnn, args.input, args.runs, out)
+        command = [sys.executable, "-m", "cnnlab", args.mode, args.cnn, args.input, str(out), "--trace", args.trace]
+        subprocess.run(command, stdout=subprocess.DEVNULL, check=True)
+    ratios = [b / a for a, b in zip(plain, traced)]
+    low, high = median_interval(ratios)
     print(f"without --trace   loop s {spread(plain)}")
     print(f"with --trace      loop s {spread(traced)}")
-    print(f"with/without      {spread([b / a for a, b in zip(plain, traced)])}   ({args.runs} pairs, {args.mode})")
+    print(f"with/without      {spread(ratios)}   ({args.runs} pairs, {args.mode}; the median's 90% interval {low:.3f}..{high:.3f})")
     print(f"recorder's time   {trace_cost(Path(args.trace), args.mode == 'cuda', statistics.median(plain))}")
 
 

@@ -213,8 +213,7 @@ class CsvImageReader:
             bad = native.parse_pieces(self._parsers, span.data, np.array(runs, np.int64), INPUT_DIM, out[: span.rows * INPUT_DIM],
                                       place.bound, place.first_row, INPUT_DIM, place.layout.separated, times)  # fmt: skip
             if times is not None:
-                for (start, end, _), (worker, tid, began, ended) in zip(runs, times.tolist()):
-                    self._trace.complete("parse piece", tid, began, ended, f"cnnlab-parse-native-{worker}", bytes=end - start)
+                self._trace.pieces("parse piece", times, np.diff(np.array(runs)[:, :2]).ravel(), "cnnlab-parse-native-{worker}")
             if bad >= 0:  # from the first piece it declined, in order, as parse_rows names a bad line
                 line = span.line_before + int(np.count_nonzero(span.data[span.start : runs[bad][0]] == ord("\n")))
                 for (start, end, before), after in zip(runs[bad:], [*(run[2] for run in runs[bad + 1 :]), span.rows]):

@@ -27,7 +27,8 @@ KINDS = {
     "copy in": "copy H2D", "copy text in": "copy H2D",
     "copy out": "copy D2H",
     "reduce": "reduce",
-    "wait for batch": "wait", "wait for chunk": "wait", "images ready": "wait", "start reader": "wait", "wait for writer": "wait",
+    "wait for batch": "wait", "wait for chunk": "wait", "images ready": "wait", "wait for writer": "wait",
+    "start reader": "wait", "start writer": "wait",
     "loop": "container", "batch": "container", "read batch": "container", "chunk in": "container", "chunk out": "container",
 }  # fmt: skip
 COLORS = {
