@@ -6,10 +6,10 @@ in there) and cuts its span from the summaries as TextSource does, the span's da
 file's. The parser never loads past the buffer it is given (lab_csv_simd.h: a field within 32 bytes of its end takes
 the scalar path), so the file's last bytes need no padding. Where a take needs the file's end (its rows run out in the
 mapping: a last line with no line end wants its '\\n'), the rest of the file is read from there into windows by a
-TextSource, as before. Pages of spans two takes old are unmapped again (the page cache keeps them), so that the
-process's resident memory stays a few spans however large the file. A page lost to another program's truncation
-reads as zeros (native/mapped_guard.cpp, as for .npy files); `whole()` turns that, or any error it caused, into the
-error that says the file was cut short.
+TextSource, as before. Pages of spans two takes old are unmapped again on a pool thread (the page cache keeps them),
+so that the process's resident memory stays a few spans however large the file. A page lost to another program's
+truncation reads as zeros (native/mapped_guard.cpp, as for .npy files); `whole()` turns that, or any error it caused,
+into the error that says the file was cut short.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from cnnlab.files.text import AHEAD_GAP, LINE_CHECK_BYTES, READ_BYTES, TextSourc
 from cnnlab.network import Tracer
 
 if TYPE_CHECKING:
-    from concurrent.futures import Executor
+    from concurrent.futures import Executor, Future
 
     from cnnlab.files import _mapped_guard
 
@@ -72,6 +72,7 @@ class MappedTextSource:
         self._parts = [lines.summarize(self._data, 0, 0)]
         self._total = self._parts[0]
         self._dropped = self._last_start = 0  # pages before `dropped` are unmapped; the last span began at `last_start`
+        self._dropping: Future[None] | None = None  # the last drop, on a pool thread
         self._rest: TextSource | None = None  # the file's end, read into windows once a take needs it
         self.row_bytes = 0.0  # as TextSource's
         self._lines_taken = 0
@@ -117,9 +118,17 @@ class MappedTextSource:
             self.row_bytes = (span.end - span.start) / rows
         self._start, self._lines_taken = span.end, self._lines_taken + sum(cut[2] for cut in cuts)
         self._keep_from(span.end)
-        self._mapped.drop(self._dropped, self._last_start - self._dropped)  # spans two takes old: parsed
+        self._drop(self._dropped, self._last_start)  # spans two takes old: parsed
         self._dropped, self._last_start = self._last_start, span.start
         return span
+
+    def _drop(self, start: int, end: int) -> None:
+        """Unmap [start, end) on a pool thread: unmapping a step's pages interrupts every core that runs one of the
+        process's threads (a TLB shootdown): on the take's thread it held up the take that the parse threads wait for. One
+        at a time (the last one's error is raised here); the task holds the mapping, so it is never unmapped under a drop."""
+        if self._dropping is not None:
+            self._dropping.result()
+        self._dropping = self._pool.submit(self._mapped.drop, start, end - start)
 
     def _summarize_more(self, wanted: int) -> None:
         """Summarize the next `wanted` bytes (LINE_CHECK_BYTES at most: the caller looks at the lines before it goes on)."""
