@@ -25,7 +25,7 @@
 #             reader rows (a ~1 GB file, the reader against from_chars on the same threads); then the
 #             30,000-image cpu job's wall (5.6 GB, page cache), three runs
 #   cpujob    30,000 CSV images (5.6 GB, page cache): cnnlab cpu's wall time, three runs, against cuda's, outputs compared
-#   trace     the same job in cpu and cuda mode without and with --trace, three runs each in turns (the loop's seconds and
+#   trace     the same job in cpu and cuda mode without and with --trace, in turns in one process (the loop's seconds and
 #             their ratio: tools/trace_overhead.py), a trace of each drawn by trace-plot into $OUT, and tests/test_trace.py
 #   two       rung 12 (the card's two kernels, rung 9's conv and rung 7's dense) at several pass sizes beside rungs 6
 #             and 7, each kernel alone, and the resident row with each (tools/ladder_sweep.py two)
@@ -226,7 +226,7 @@ for stage in $stages; do
     trace)
       job30k
       {
-        for mode_runs in "cuda 25" "cpu 9"; do
+        for mode_runs in "cuda 60" "cpu 30"; do
           set -- $mode_runs; mode=$1
           python3 tools/trace_overhead.py $mode "$WORK/job/cnn.csv" "$WORK/job/in30k.csv" --runs $2 --trace "$OUT/trace-$mode.json.gz"
           cnnlab trace-plot "$OUT/trace-$mode.json.gz" "$OUT/trace-$mode.png"
