@@ -27,7 +27,7 @@ from cnnlab.files.csv_reader import CsvBatch, CsvImageReader
 from cnnlab.files.formats import ImageReader, OutputWriter, open_images, open_outputs
 from cnnlab.files.npy import VIEW_IMAGES, NpyImageReader
 from cnnlab.files.safety import OutputSet
-from cnnlab.interrupts import join_through_signals
+from cnnlab.interrupts import held, join_through_signals
 from cnnlab.network import IMAGE_BYTES, NO_TRACE, Backend, Cnn, ImageBatch, OutputBatch, Tracer, first_nonfinite, fits
 from cnnlab.progress import Progress
 
@@ -126,15 +126,16 @@ class WriteBehind:
     """Writes each batch's outputs in order, on a thread of its own while the next batch computes: in cuda mode the main
     thread queues every chunk and is the loop's bound, and a write there left the GPU idle (docs/trace.md).
 
-    Only to a regular file (`output.regular`); elsewhere write() writes on the caller's thread, as a write to a pipe or a
-    terminal may wait on another program for ever, and the end of the `with` block waits for the write in progress (the
-    file must not be closed under it). A failed write is raised on the caller's thread, at its next write() or at the
-    block's end; after one, or once the block is left early, the batches still queued are dropped.
+    Only to a regular file (`output.regular`) and where `threaded` (a run without read-ahead keeps the timed work alone);
+    elsewhere write() writes on the caller's thread, as a write to a pipe or a terminal may wait on another program for
+    ever, and the end of the `with` block waits for the write in progress (the file must not be closed under it). A
+    failed write is raised on the caller's thread, at its next write() or at the block's end; after one, or once the
+    block is left early, the batches still queued are dropped.
     """
 
     QUEUED = 2  # batches handed over and not yet written: write() waits beyond this (a slow disk holds the loop back)
 
-    def __init__(self, output: OutputWriter, trace: Tracer = NO_TRACE) -> None:
+    def __init__(self, output: OutputWriter, trace: Tracer = NO_TRACE, threaded: bool = True) -> None:
         self._output, self._trace = output, trace
         self._batches: queue.SimpleQueue[OutputBatch | None] = queue.SimpleQueue()
         self._room = threading.Semaphore(self.QUEUED)
@@ -142,7 +143,7 @@ class WriteBehind:
         self._dropping = False
         self._handed = 0  # batches handed to write()
         self._thread: threading.Thread | None = None
-        if output.regular:
+        if threaded and output.regular:
             self._thread = threading.Thread(target=self._write_queued, name="cnnlab-writer", daemon=True)
             with trace.span("start writer"):
                 self._thread.start()
@@ -180,10 +181,11 @@ class WriteBehind:
     def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
         if self._thread is None:
             return
-        self._dropping = exc_type is not None
-        self._batches.put(None)
-        with self._trace.span("wait for writer"):
-            join_through_signals(self._thread)
+        with held():  # a signal cutting this short would leave the writer writing to a file its caller then closes
+            self._dropping = exc_type is not None
+            self._batches.put(None)
+            with self._trace.span("wait for writer"):
+                self._thread.join()
         if self._error is not None and exc_type is None:
             raise self._error
 
@@ -258,8 +260,8 @@ def run_network(
 
     A backend that parses CSV itself (`csv_text`, the GPU) gets CSV input as text batches read
     into its page-locked memory; every other input is parsed here into its image buffers. Without
-    `read_ahead` the reader has one slot, so it reads a batch only while nothing computes: slower,
-    but the timed work then has the machine to itself, as in the lab's program.
+    `read_ahead` the reader has one slot, so it reads a batch only while nothing computes, and the outputs are written
+    on this thread: slower, but the timed work then has the machine to itself, as in the lab's program.
     """
     slots = 2 if read_ahead else 1
     text = backend.csv_text
@@ -288,7 +290,7 @@ def run_network(
         try:
             with (
                 trace.span("loop", images=reader.count),
-                WriteBehind(output, trace) as writer,  # started first: a thread's start waits for the GIL
+                WriteBehind(output, trace, read_ahead) as writer,  # started first: a thread's start waits for the GIL
                 Prefetcher(read, buffers, reader.stop, trace) as batches,
             ):
                 for number, batch in enumerate(batches):

@@ -106,6 +106,16 @@ def test_cpu_trace_follows_the_format_and_changes_no_output(files: tuple[Path, P
                    + ROUNDING_US for p in parses) for piece in pieces)  # fmt: skip
 
 
+def test_without_read_ahead_the_outputs_are_written_on_the_main_thread(files: tuple[Path, Path], tmp_path: Path) -> None:
+    """--no-read-ahead keeps the timed work alone: no writer thread writes beside it."""
+    result = cnnlab("cpu", *files, tmp_path / "out.csv", "--batch", "64", "--no-read-ahead", "--trace", tmp_path / "t.json")
+    assert result.returncode == 0, result.stderr
+    trace = json.loads((tmp_path / "t.json").read_text())
+    names = assert_trace_format(trace)
+    writes = [event for event in trace["traceEvents"] if event["ph"] == "X" and event["name"] == "write"]
+    assert len(writes) == 5 and {names[(event["pid"], event["tid"])] for event in writes} == {"main loop"}
+
+
 def test_gz_name_compresses(files: tuple[Path, Path], tmp_path: Path) -> None:
     result = cnnlab("cpu", *files, tmp_path / "out.csv", "--trace", tmp_path / "t.json.gz")
     assert result.returncode == 0, result.stderr

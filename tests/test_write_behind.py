@@ -24,11 +24,13 @@ class Recorded:
         self.go = threading.Event()
         self.go.set()
         self.writing = threading.Event()  # set as the first write begins
+        self.failed = threading.Event()  # set as batch `fail_at` fails
 
     def write(self, outputs: OutputBatch) -> None:
         self.writing.set()
         self.go.wait()
         if len(self.batches) == self.fail_at:
+            self.failed.set()
             raise OSError(28, "No space left on device")
         self.batches.append(outputs.values.copy())
         self.threads.add(threading.current_thread().name)
@@ -38,16 +40,18 @@ def batches(rng: np.random.Generator, count: int) -> list[OutputBatch]:
     return [OutputBatch(rng.uniform(-10, 10, (int(rng.integers(1, 9)), 10))) for _ in range(count)]
 
 
-@pytest.mark.parametrize("regular", [True, False], ids=["regular-file", "pipe"])
+@pytest.mark.parametrize("regular, threaded", [(True, True), (False, True), (True, False)], ids=["regular-file", "pipe", "no-read-ahead"])
 def test_every_batch_is_written_in_order_on_the_writer_s_thread_where_the_file_is_regular(
-    rng: np.random.Generator, regular: bool
+    rng: np.random.Generator, regular: bool, threaded: bool
 ) -> None:
+    """A pipe's writes may wait for ever, and a run without read-ahead keeps its timed work alone: both on the caller's
+    thread."""
     output, given = Recorded(regular), batches(rng, 20)
-    with WriteBehind(output) as writer:
+    with WriteBehind(output, threaded=threaded) as writer:
         for outputs in given:
             writer.write(outputs)
     assert [batch.tolist() for batch in output.batches] == [outputs.values.tolist() for outputs in given]
-    assert output.threads == ({"cnnlab-writer"} if regular else {threading.current_thread().name})
+    assert output.threads == ({"cnnlab-writer"} if regular and threaded else {threading.current_thread().name})
 
 
 def test_a_failed_write_is_raised_on_the_caller_s_thread_and_nothing_after_it_is_written(rng: np.random.Generator) -> None:
@@ -56,6 +60,18 @@ def test_a_failed_write_is_raised_on_the_caller_s_thread_and_nothing_after_it_is
         for outputs in given:
             writer.write(outputs)
     assert len(output.batches) == 3
+
+
+def test_a_failed_write_is_raised_by_the_next_write(rng: np.random.Generator) -> None:
+    """The run stops at its next batch, not at its end."""
+    output, given = Recorded(True, fail_at=0), batches(rng, 2)
+    went_on = False
+    with pytest.raises(OSError, match="No space left"), WriteBehind(output) as writer:
+        writer.write(given[0])
+        assert output.failed.wait(10)
+        writer.write(given[1])
+        went_on = True
+    assert not went_on and output.batches == []
 
 
 def test_leaving_early_waits_for_the_write_in_progress_and_drops_the_rest(rng: np.random.Generator) -> None:

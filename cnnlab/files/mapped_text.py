@@ -174,5 +174,7 @@ class MappedTextSource:
             raise InputFileError(self.path, "file was cut short while it was read (another program truncated it)")
 
     def close(self) -> None:
+        if self._dropping is not None:  # an error of the last drop left pages mapped: memory, not the outputs; not raised
+            self._dropping.exception()
         if self._rest is not None:
             self._rest.close()

@@ -203,7 +203,7 @@ class Recorder:
     def pieces(self, name: str, times: np.ndarray, nbytes: np.ndarray, thread: str) -> None:
         # Kept as given, made into spans as the trace is written: a step's hundred pieces one by one cost the reader's
         # thread, which hands out the next step's parse, ~2% of cpu mode's loop.
-        for worker, tid in {(worker, tid) for worker, tid in times[:, :2].tolist()}:
+        for worker, tid in sorted({(worker, tid) for worker, tid in times[:, :2].tolist()}):  # tracks in the workers' order
             self._name(HOST_PID, tid, thread.format(worker=worker))
         self._pieces.append((name, times, nbytes))
 
