@@ -137,7 +137,7 @@ class WriteBehind:
 
     def __init__(self, output: OutputWriter, trace: Tracer = NO_TRACE, threaded: bool = True) -> None:
         self._output, self._trace = output, trace
-        self._batches: queue.SimpleQueue[OutputBatch | None] = queue.SimpleQueue()
+        self._batches: queue.SimpleQueue[tuple[int, OutputBatch] | None] = queue.SimpleQueue()  # (batch number, outputs)
         self._room = threading.Semaphore(self.QUEUED)
         self._error: BaseException | None = None
         self._dropping = False
@@ -153,9 +153,8 @@ class WriteBehind:
             self._output.write(outputs)
 
     def _write_queued(self) -> None:
-        for number in itertools.count():
-            if (outputs := self._batches.get()) is None:
-                return
+        while (queued := self._batches.get()) is not None:
+            number, outputs = queued
             try:
                 if self._error is None and not self._dropping:
                     self._write(number, outputs)
@@ -173,7 +172,7 @@ class WriteBehind:
         if not self._room.acquire(blocking=False):
             with self._trace.span("wait for writer"):
                 self._room.acquire()
-        self._batches.put(outputs)
+        self._batches.put((number, outputs))
 
     def __enter__(self) -> WriteBehind:
         return self

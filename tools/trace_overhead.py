@@ -53,8 +53,10 @@ def paired_loops(mode: str, cnn_path: str, input_path: str, runs: int, out: Path
             recorder.clear()  # each run's spans alone, as the command line's recorder holds them
             traced.append(run_network(traced_backend, input_path, out, trace=recorder).loop_seconds)
 
-        run_plain(), run_traced()  # not counted: a process's first runs fault in its pools and page-locked windows
-        plain.clear(), traced.clear()
+        run_plain()  # not counted: a process's first runs fault in its pools and page-locked windows
+        run_traced()
+        plain.clear()
+        traced.clear()
         for run in range(runs):  # ABBA: each pair's order the other way from the last, so that order cancels
             for step in (run_traced, run_plain) if run % 2 else (run_plain, run_traced):
                 step()

@@ -210,10 +210,11 @@ class CsvImageReader:
             runs = span.runs or _runs(span.pieces(PARSE_IMAGES * INPUT_DIM))
             place = self._place(span)
             times = np.empty((len(runs), 4), np.int64) if self._trace.enabled else None  # each piece's thread and times
-            bad = native.parse_pieces(self._parsers, span.data, np.array(runs, np.int64), INPUT_DIM, out[: span.rows * INPUT_DIM],
+            pieces = np.array(runs, np.int64)  # (start, end, rows before) a piece
+            bad = native.parse_pieces(self._parsers, span.data, pieces, INPUT_DIM, out[: span.rows * INPUT_DIM],
                                       place.bound, place.first_row, INPUT_DIM, place.layout.separated, times)  # fmt: skip
             if times is not None:
-                self._trace.pieces("parse piece", times, np.diff(np.array(runs)[:, :2]).ravel(), "cnnlab-parse-native-{worker}")
+                self._trace.pieces("parse piece", times, pieces[:, 1] - pieces[:, 0], "cnnlab-parse-native-{worker}")
             if bad >= 0:  # from the first piece it declined, in order, as parse_rows names a bad line
                 line = span.line_before + int(np.count_nonzero(span.data[span.start : runs[bad][0]] == ord("\n")))
                 for (start, end, before), after in zip(runs[bad:], [*(run[2] for run in runs[bad + 1 :]), span.rows]):
