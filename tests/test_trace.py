@@ -206,6 +206,7 @@ def test_stream_spans_share_a_group_s_boundaries_and_reuse_settled_events(monkey
     def copy_out() -> None:
         with recorder.group("chunk out", stream, follows=True), recorder.span("copy out", stream):
             FakeEvent.clock_ms += 0.25
+        FakeEvent.clock_ms += 0.125  # the stream idle: a group ends with its last span, not where the next span starts
 
     chunk(0)
     recorder.settle(stream)
@@ -217,16 +218,18 @@ def test_stream_spans_share_a_group_s_boundaries_and_reuse_settled_events(monkey
     assert recorder.stream_events == 12
     FakeEvent.clock_ms += 0.5  # the stream idle: a group that follows what has settled starts with an event of its own
     copy_out()
+    with recorder.span("copy in", stream, bytes=8):  # settled with the group before it, which ends where its last span did
+        FakeEvent.clock_ms += 0.5
     recorder.settle(stream)
-    assert recorder.stream_events == 14
+    assert recorder.stream_events == 16
     spans = [(name, (start - track.anchor_ns) / 1e6, (end - track.anchor_ns) / 1e6, args) for name, pid, tid, start, end, args
              in recorder.spans if pid == GPU_PID]  # fmt: skip
     assert [(name, pytest.approx(start), pytest.approx(end), args) for name, start, end, args in spans] == [
         ("copy in", 0.0, 0.5, {"bytes": 8}), ("conv", 0.75, 1.75, {"batch": 0}), ("dense", 1.75, 3.75, {"batch": 0}),
         ("kernels", 0.75, 3.75, {"batch": 0}), ("copy out", 3.75, 4.0, {}), ("chunk out", 3.75, 4.0, {}),
-        ("copy in", 4.0, 4.5, {"bytes": 8}), ("conv", 4.75, 5.75, {"batch": 1}), ("dense", 5.75, 7.75, {"batch": 1}),
-        ("kernels", 4.75, 7.75, {"batch": 1}), ("copy out", 7.75, 8.0, {}), ("chunk out", 7.75, 8.0, {}),
-        ("copy out", 8.5, 8.75, {}), ("chunk out", 8.5, 8.75, {}),
+        ("copy in", 4.125, 4.625, {"bytes": 8}), ("conv", 4.875, 5.875, {"batch": 1}), ("dense", 5.875, 7.875, {"batch": 1}),
+        ("kernels", 4.875, 7.875, {"batch": 1}), ("copy out", 7.875, 8.125, {}), ("chunk out", 7.875, 8.125, {}),
+        ("copy out", 8.75, 9.0, {}), ("chunk out", 8.75, 9.0, {}), ("copy in", 9.125, 9.625, {"bytes": 8}),
     ]  # fmt: skip
 
 

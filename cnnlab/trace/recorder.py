@@ -3,13 +3,13 @@ ts and dur in microseconds) per span, a track per host thread and per CUDA strea
 events ("ph": "M").
 
 Host spans are timed with time.perf_counter_ns (CLOCK_MONOTONIC on Linux, the clock the native parser's spans are
-timed with). Stream spans are pairs of CUDA events recorded on the stream around the work queued meanwhile, but in a
-group, whose work is queued back to back, a span starts at the event that ended the one before (and a group that
-follows the stream's last span starts at its end): recording an event is most of what a stream span costs the thread
-that queues the run's work. settle()
-places them on the host's clock through an anchor: an event recorded on the idle stream and waited for, taken to have
-happened midway between its record and the end of the wait. Where the `nvtx` package imports, every span is also an
-NVTX range of the same name on its thread, for Nsight Systems.
+timed with). A stream's spans are marks: CUDA events recorded on the stream, each ending the span that runs from the
+mark before it. A span opens with a mark of its own, unless it is queued right after the work the last mark ends (a
+group's spans after its first, and a group that follows the stream's last span): recording an event is most of what a
+stream span costs the thread that queues the run's work. settle() places the marks on the host's clock through an
+anchor: an event recorded on the idle stream and waited for, taken to have happened midway between its record and the
+end of the wait. Where the `nvtx` package imports, every span is also an NVTX range of the same name on its thread, for
+Nsight Systems.
 """
 
 from __future__ import annotations
@@ -36,24 +36,6 @@ def _import_nvtx() -> Any:
     return nvtx
 
 
-@dataclass
-class _StreamTrack:
-    """A stream's track: its anchor (an event and the host's time of it, ns) and its spans not yet placed."""
-
-    tid: int
-    stream: Any  # held: a stream freed and another made at its address must not take this track
-    anchor: Any
-    anchor_ns: int
-    # name, args, start and end events, and whether the start is the end of the span before (a group's: the index its
-    # first span will have among the stream spans of this list, None and False)
-    pending: list[tuple[str, dict[str, Any], Any, Any, bool]] = field(default_factory=list)
-    spans_pending: int = 0  # of `pending`, the stream spans (not groups)
-    group: _StreamGroup | None = None  # the group open on this stream
-    last_end: Any = None  # the end event of the last span queued on this stream since it settled
-    # Events settled and free again (of this stream's context): making one costs more than recording it.
-    free: list[Any] = field(default_factory=list)
-
-
 class _HostSpan:
     """A span of the calling thread's time, appended to the recorder's events as it ends."""
 
@@ -75,45 +57,52 @@ class _HostSpan:
         recorder.spans.append((self._name, HOST_PID, recorder.thread_track(), self._start, end, self._args))
 
 
-class _StreamSpan:
-    """A span of the work queued on a stream while it is open: an event recorded there as it opens and as it closes. In a
-    group, a span after the first starts at the end of the one before (the group's work is queued back to back): one
-    event a span."""
+@dataclass
+class _StreamTrack:
+    """A stream's track: its anchor (an event and the host's time of it, ns), and its marks not yet placed: each a CUDA
+    event recorded on the stream, with the span it ends (None where it starts one). A span runs from the mark before its
+    end to its end."""
 
-    __slots__ = ("_recorder", "_track", "_name", "_args", "_start", "_shared")
-    _start: Any
-    _shared: bool
+    tid: int
+    stream: Any  # held: a stream freed and another made at its address must not take this track
+    anchor: Any
+    anchor_ns: int
+    driver: Any
+    marks: list[tuple[Any, tuple[str, dict[str, Any], _StreamGroup | None] | None]] = field(default_factory=list)
+    group: _StreamGroup | None = None  # the group open on this stream
+    chained: bool = False  # a span opened now starts at the last mark: it is queued right after the work that mark ends
+    # Events settled and free again (of this stream's context): making one costs more than recording it.
+    free: list[Any] = field(default_factory=list)
+
+    def mark(self, ends: tuple[str, dict[str, Any], _StreamGroup | None] | None) -> None:
+        event = self.free.pop() if self.free else self.driver.Event()
+        event.record(self.stream)
+        self.marks.append((event, ends))
+
+
+class _StreamSpan:
+    """A span of the work queued on a stream while it is open: an event recorded there as it opens (unless it is
+    chained to the mark before) and as it closes."""
+
+    __slots__ = ("_track", "_name", "_args", "_nvtx")
 
     # The run's main thread opens a few of these a chunk: they are kept to the calls that must happen now (the events'
     # records); the events' times are read in settle(), and the trace's JSON objects made only when it is written.
-    def __init__(self, recorder: Recorder, track: _StreamTrack, name: str, args: dict[str, Any]) -> None:
-        self._recorder, self._track, self._name, self._args = recorder, track, name, args
+    def __init__(self, track: _StreamTrack, name: str, args: dict[str, Any], nvtx: Any) -> None:
+        self._track, self._name, self._args, self._nvtx = track, name, args, nvtx
 
     def __enter__(self) -> None:
-        recorder, track = self._recorder, self._track
-        if recorder.nvtx is not None:
-            recorder.nvtx.push_range(self._name)
-        group = track.group
-        if group is not None:  # a kernel inside "kernels" names its chunk as the group does (the same dict: never changed)
-            self._args = {**group.args, **self._args} if self._args else group.args
-            if group.last_end is not None:
-                self._start, self._shared = group.last_end, True
-                return
-        self._start = start = track.free.pop() if track.free else recorder.driver.Event()
-        self._shared = False
-        start.record(track.stream)
+        if self._nvtx is not None:
+            self._nvtx.push_range(self._name)
+        if not self._track.chained:
+            self._track.mark(None)
 
     def __exit__(self, *exc_info: object) -> None:
         track = self._track
-        end = track.free.pop() if track.free else self._recorder.driver.Event()
-        end.record(track.stream)
-        track.pending.append((self._name, self._args, self._start, end, self._shared))
-        track.spans_pending += 1
-        track.last_end = end
-        if track.group is not None:
-            track.group.last_end = end
-        if self._recorder.nvtx is not None:
-            self._recorder.nvtx.pop_range()
+        track.mark((self._name, self._args, track.group))
+        track.chained = track.group is not None  # a group's next span starts where this one ends
+        if self._nvtx is not None:
+            self._nvtx.pop_range()
 
 
 class _StreamGroup:
@@ -121,25 +110,22 @@ class _StreamGroup:
     last's end. What it holds is queued back to back: work between its spans would be counted in the next one. A group
     that `follows` is queued right after the stream's last span, and its first span starts at that one's end."""
 
-    __slots__ = ("_recorder", "_track", "_name", "args", "_follows", "_first", "last_end")
-    _first: int
-    last_end: Any
+    __slots__ = ("_track", "name", "args", "_follows", "_nvtx")
 
-    def __init__(self, recorder: Recorder, track: _StreamTrack, name: str, follows: bool, args: dict[str, Any]) -> None:
-        self._recorder, self._track, self._name, self._follows, self.args = recorder, track, name, follows, args
+    def __init__(self, track: _StreamTrack, name: str, follows: bool, args: dict[str, Any], nvtx: Any) -> None:
+        self._track, self.name, self._follows, self.args, self._nvtx = track, name, follows, args, nvtx
 
     def __enter__(self) -> None:
-        if self._recorder.nvtx is not None:
-            self._recorder.nvtx.push_range(self._name)
+        if self._nvtx is not None:
+            self._nvtx.push_range(self.name)
         track = self._track
         assert track.group is None, "stream groups do not nest"
-        track.group, self._first, self.last_end = self, track.spans_pending, track.last_end if self._follows else None
+        track.group, track.chained = self, self._follows and bool(track.marks)
 
     def __exit__(self, *exc_info: object) -> None:
-        self._track.pending.append((self._name, self.args, self._first, None, False))
-        self._track.group = None
-        if self._recorder.nvtx is not None:
-            self._recorder.nvtx.pop_range()
+        self._track.group, self._track.chained = None, False
+        if self._nvtx is not None:
+            self._nvtx.pop_range()
 
 
 class _TracedKernel:
@@ -195,10 +181,10 @@ class Recorder:
     def span(self, name: str, stream: Any = None, **args: Any) -> _HostSpan | _StreamSpan:
         if stream is None:
             return _HostSpan(self, name, args)
-        return _StreamSpan(self, self._streams.get(id(stream)) or self.stream_track(stream), name, args)
+        return _StreamSpan(self._streams.get(id(stream)) or self.stream_track(stream), name, args, self.nvtx)
 
     def group(self, name: str, stream: Any, follows: bool = False, **args: Any) -> _StreamGroup:
-        return _StreamGroup(self, self._streams.get(id(stream)) or self.stream_track(stream), name, follows, args)
+        return _StreamGroup(self._streams.get(id(stream)) or self.stream_track(stream), name, follows, args, self.nvtx)
 
     def pieces(self, name: str, times: np.ndarray, nbytes: np.ndarray, thread: str) -> None:
         # Kept as given, made into spans as the trace is written: a step's hundred pieces one by one cost the reader's
@@ -259,38 +245,39 @@ class Recorder:
         anchor.synchronize()
         anchor_ns = (before + time.perf_counter_ns()) // 2
         with self._naming:  # several GPUs' threads (--devices) number their streams at once
-            track = self._streams[id(stream)] = _StreamTrack(len(self._streams) + 1, stream, anchor, anchor_ns)
+            track = self._streams[id(stream)] = _StreamTrack(len(self._streams) + 1, stream, anchor, anchor_ns, self.driver)
             self._names[(GPU_PID, track.tid)] = f"stream {track.tid}"
         return track
 
     def settle(self, stream: Any) -> None:
         """Place the stream's spans on the host's clock, once their work is done; their events are free again."""
         track = self._streams.get(id(stream))
-        if track is None:
+        if track is None or not track.marks:
             return
-        starts: list[float] = []  # each pending stream span's start on the host's clock, in the order queued
-        last = next((end for _, _, _, end, _ in reversed(track.pending) if end is not None), None)
-        if last is not None:
-            last.synchronize()  # a stream runs its work in order: every event recorded before it has happened too
-        anchor, anchor_ns, tid, spans, free = track.anchor, track.anchor_ns, track.tid, self.spans, track.free
-        end_ns, events = 0.0, 0  # the last span's end; the events recorded
-        for name, args, start, end, shared in track.pending:
-            if end is None:  # a group: from its first span's start to its last one's end (start: the first's index)
-                if start < len(starts):
-                    spans.append((name, GPU_PID, tid, starts[start], end_ns, args))
-                continue
-            start_ns = end_ns if shared else anchor_ns + start.time_since(anchor) * 1e6
-            end_ns = start_ns + end.time_since(start) * 1e6
-            starts.append(start_ns)
-            spans.append((name, GPU_PID, tid, start_ns, end_ns, args))
-            free.append(end)
-            if not shared:
-                free.append(start)
-                events += 1
-            events += 1
-        self.stream_events += events
-        track.pending.clear()
-        track.spans_pending, track.last_end = 0, None  # freed: a span after this starts with an event of its own
+        track.marks[-1][0].synchronize()  # a stream runs its work in order: every event recorded before it has happened too
+        anchor, anchor_ns, tid, spans = track.anchor, track.anchor_ns, track.tid, self.spans
+        start_ns = 0.0  # the last mark's time: where the next span starts
+        group: _StreamGroup | None = None  # the group of the span placed last, and its start and end
+        group_ns = group_end_ns = 0.0
+        for event, ends in track.marks:
+            at_ns = anchor_ns + event.time_since(anchor) * 1e6
+            if ends is not None:
+                name, args, held_by = ends
+                if held_by is not group:
+                    if group is not None:
+                        spans.append((group.name, GPU_PID, tid, group_ns, group_end_ns, group.args))
+                    group, group_ns = held_by, start_ns
+                if held_by is not None:  # a kernel inside "kernels" names its chunk as the group does
+                    args = {**held_by.args, **args} if args else held_by.args
+                spans.append((name, GPU_PID, tid, start_ns, at_ns, args))
+                group_end_ns = at_ns
+            start_ns = at_ns
+        if group is not None:
+            spans.append((group.name, GPU_PID, tid, group_ns, group_end_ns, group.args))
+        self.stream_events += len(track.marks)
+        track.free += [event for event, _ in track.marks]
+        track.marks.clear()
+        track.chained = False
 
     def trace(self) -> dict[str, Any]:
         """The trace as the format's JSON object: the spans, then the processes' and threads' names."""
