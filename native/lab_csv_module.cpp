@@ -72,8 +72,8 @@
 //       threads, into out from first_row * width on. The values written, or -1 where from_chars refused a field.
 //
 //   parser_isa() -> str;  use_isa(name)
-//       The row parser in use, and the choice of another: "avx2" (lab_csv_simd.h: where the CPU has AVX2) or
-//       "x86-64" (scalar); ISAS names those built, CPU_ISAS those this CPU runs, widest first (CNNLAB_CPU_ISA's names).
+//       The row parser in use, and the choice of another: "avx512" or "avx2" (lab_csv_simd.h: where the CPU has
+//       AVX-512 or AVX2) or "x86-64" (scalar); ISAS names those built, CPU_ISAS those this CPU runs, widest first (CNNLAB_CPU_ISA's names).
 //
 //   parse_field(data) -> (kind, value)
 //       One field through lab_parse_field (for tests): kind 0 (LAB_FIELD_OK) with its value,
@@ -218,6 +218,51 @@ LAB_AVX2_TARGET bool parse_row_avx2(const char *p, const char *line_end, const c
     }
     return true;
 }
+
+// The AVX-512 row parser: where the whole row is repr-shaped fields (lab_repr_row_avx512, one pass of mask compares)
+// and 16 bytes past it can be loaded, eight fields at a time are converted in the vector registers' lanes
+// (lab_repr_fields8_avx512), the few it leaves as parse_one_field reads them; any other row is the AVX2 parser's,
+// which reads each field on its own.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // see lab_csv_simd.h
+LAB_AVX512_TARGET bool parse_row_avx512(const char *p, const char *line_end, const char *limit, Py_ssize_t width, double *out)
+{
+    const long long length = line_end - p;
+    uint64_t commas[LAB_ROW_BITMAP_WORDS];
+    if (length > 64LL * LAB_ROW_BITMAP_WORDS || limit - line_end < 16 || lab_repr_row_avx512(p, length, commas) != width - 1)
+        return parse_row_avx2(p, line_end, limit, width, out);
+    // Each field's first byte and its end (the next comma, or the row's end), listed first: the commas four a step, so
+    // that where a field ends costs no branch on the bitmap's words; eight past the last field (lanes left out), 0.
+    int32_t begins[64 * LAB_ROW_BITMAP_WORDS + 12], ends[64 * LAB_ROW_BITMAP_WORDS + 12];
+    Py_ssize_t found = 0;
+    for (long long word = 0; found < width - 1; ++word) {
+        uint64_t mask = commas[word];
+        const int count = __builtin_popcountll(mask);
+        for (int i = 0; i < count; i += 4) {
+            for (int j = 0; j < 4; ++j) {  // past the word's last comma: its offset + 63, overwritten by the next word's
+                ends[found + i + j] = static_cast<int32_t>(64 * word + __builtin_ctzll(mask | 1ULL << 63));
+                mask &= mask - 1;
+            }
+        }
+        found += count;
+    }
+    ends[width - 1] = static_cast<int32_t>(length);
+    begins[0] = 0;
+    for (Py_ssize_t i = 1; i < width; ++i)
+        begins[i] = ends[i - 1] + 1;
+    for (int j = 0; j < 8; ++j)
+        begins[width + j] = ends[width + j] = 0;
+    for (Py_ssize_t i = 0; i < width; i += 8) {
+        const __mmask8 lanes = static_cast<__mmask8>(width - i >= 8 ? 0xFF : (1u << (width - i)) - 1);
+        for (__mmask8 left = lab_repr_fields8_avx512(p, begins + i, ends + i, lanes, out + i); left != 0; left &= left - 1) {
+            const int j = __builtin_ctz(left);
+            if (!parse_one_field(p + begins[i + j], p + ends[i + j], out + i + j))
+                return false;
+        }
+    }
+    return true;
+}
+#pragma GCC diagnostic pop
 #endif
 
 // The row parsers this build holds, widest first, as the forward names its kernels (CNNLAB_CPU_ISA).
@@ -229,6 +274,13 @@ struct RowKernel {
 
 const RowKernel row_kernels[] = {
 #ifdef LAB_CSV_AVX2
+    {"avx512", [] {
+         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx2") &&
+                __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("lzcnt") &&
+                __builtin_cpu_supports("popcnt");
+     },
+     parse_row_avx512},
     {"avx2", [] {
          return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2") &&
                 __builtin_cpu_supports("lzcnt") && __builtin_cpu_supports("popcnt");

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(autouse=True, params=native.CPU_ISAS if native is not None else ("none",))
 def parser_isa(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Every test here on each row parser this CPU runs (the AVX2 one and the scalar one on x86-64), as
+    """Every test here on each row parser this CPU runs (the AVX-512, AVX2 and scalar ones on x86-64), as
     CNNLAB_CPU_ISA chooses them: each must give float()'s values and refuse the same lines."""
     if native is None:
         yield request.param
@@ -267,6 +267,27 @@ def test_halfway_points_in_repr_shape_are_exact(rng: np.random.Generator) -> Non
     texts = [("-" if sign else "") + t for t, sign in zip(texts, rng.integers(0, 2, len(texts)))]
     assert all(len(t.lstrip("-").split(".")[1]) <= 17 for t in texts)
     assert_exact(texts, parse_column(texts))
+
+
+@pytest.mark.parametrize("width", [*range(1, 18), 100])
+def test_repr_rows_of_every_width_are_exact(rng: np.random.Generator, width: int) -> None:
+    """Rows of repr-shaped fields of every width to 17 (the AVX-512 parser converts eight fields a step, the rest in a
+    group of fewer lanes): values just below and above powers of two (where rounding carries into the exponent), zeros of
+    both signs, the smallest values the shape writes, and 1 to 20 digits after the point (past 17: the scalar path's)."""
+    values: list[float] = []
+    for power in range(-4, 4):
+        below = above = 2.0**power
+        for _ in range(12):
+            below = math.nextafter(below, 0.0)
+            values += [below, above]
+            above = math.nextafter(above, math.inf)
+    # A quarter of a step below each power of two, to the digits the shape holds: it rounds up to the power itself.
+    below_powers = [format(Decimal(2.0**p) - Decimal(2.0**p - math.nextafter(2.0**p, 0.0)) / 4, ".17f")[:19] for p in range(-3, 4)]
+    texts = [repr(v) for v in values] + below_powers + ["0.0", "-0.0", "0.00000000000000001", "-9.99999999999999999", "-0.5"]
+    texts += [f"{v:.{places}f}" for v in rng.uniform(-10, 10, 60).tolist() for places in (1, 2, 8, 15, 16, 17, 18, 20)]
+    texts = [("-" + t if sign and not t.startswith("-") else t) for t, sign in zip(texts, rng.integers(0, 2, len(texts)))]
+    texts = [texts[i] for i in rng.permutation(len(texts))]
+    assert_exact(texts, parse_column(texts, width))
 
 
 def test_host_fields_take_every_shape() -> None:
