@@ -232,8 +232,9 @@ LAB_AVX512_TARGET bool parse_row_avx512(const char *p, const char *line_end, con
     if (length > 64LL * LAB_ROW_BITMAP_WORDS || limit - line_end < 16 || lab_repr_row_avx512(p, length, commas) != width - 1)
         return parse_row_avx2(p, line_end, limit, width, out);
     // Each field's first byte and its end (the next comma, or the row's end), listed first: the commas four a step, so
-    // that where a field ends costs no branch on the bitmap's words; eight past the last field (lanes left out), 0.
-    int32_t begins[64 * LAB_ROW_BITMAP_WORDS + 12], ends[64 * LAB_ROW_BITMAP_WORDS + 12];
+    // that where a field ends costs no branch on the bitmap's words; eight past the last field (lanes left out), 0. A
+    // repr-shaped field and its comma take 4 bytes at least, so a row holds 16 fields a 64-byte word at most.
+    int32_t begins[16 * LAB_ROW_BITMAP_WORDS + 8], ends[16 * LAB_ROW_BITMAP_WORDS + 8];
     Py_ssize_t found = 0;
     for (long long word = 0; found < width - 1; ++word) {
         uint64_t mask = commas[word];

@@ -14,7 +14,8 @@
 //
 // AVX-512. A row is classified whole first (lab_repr_row_avx512); where every field has repr's shape, the fields are
 // converted eight at a time, a lane each (lab_repr_fields8_avx512): the same ladder on four fields a register, and
-// Eisel-Lemire for q = -17 in the lanes, its 128-bit product from 32-bit ones. What it leaves goes the scalar way.
+// Eisel-Lemire for q = -17 in the lanes, the high 64 bits of its product from 32-bit products (a lane that needs more
+// is left). What it leaves goes the scalar way.
 
 #ifndef LAB_CSV_SIMD_H
 #define LAB_CSV_SIMD_H
@@ -111,15 +112,16 @@ LAB_AVX2_TARGET inline bool lab_repr_field_avx2(const char *begin, const char *e
 
 // Whether the row [row, row + length) is fields of repr's shape [-]d.d... (a digit, the point, at least one digit; how
 // many is the conversion's check), each byte classified 64 at a time (digit, comma, point, minus) and the shape checked
-// on the four bitmaps at once, a bit a byte, shifted across words by the carries. commas: their bitmap. The commas
-// counted, or -1 where a byte or a field is of any other shape (the caller then reads the row field by field).
+// on the four bitmaps at once, a bit a byte, shifted across words by the carries; it stops at the first word that
+// breaks it. commas: their bitmap. The commas counted, or -1 where a byte or a field is of any other shape (the caller
+// then reads the row field by field).
 LAB_AVX512_TARGET inline int lab_repr_row_avx512(const char *row, long long length, uint64_t *commas)
 {
     const __m512i comma = _mm512_set1_epi8(','), point = _mm512_set1_epi8('.'), minus = _mm512_set1_epi8('-');
     const __m512i zero = _mm512_set1_epi8('0'), nine = _mm512_set1_epi8(9);
     // Bit 63 of the word before of each: its comma (1 at first: the row's first byte starts a field), minus sign,
     // digit before a point, and point, each moving the bit after it into this word.
-    uint64_t comma_in = 1, minus_in = 0, first_in = 0, point_in = 0, bad = 0;
+    uint64_t comma_in = 1, minus_in = 0, first_in = 0, point_in = 0;
     int count = 0;
     for (long long at = 0, word = 0; at < length; at += 64, ++word) {
         const long long left = length - at;
@@ -130,17 +132,19 @@ LAB_AVX512_TARGET inline int lab_repr_row_avx512(const char *row, long long leng
         const uint64_t g = _mm512_mask_cmple_epu8_mask(live, _mm512_sub_epi8(v, zero), nine);
         const uint64_t starts = (c << 1) | comma_in;
         const uint64_t first = (starts & ~m) | (m << 1) | minus_in;  // each field's digit before the point
-        bad |= ((g | c | d | m) ^ live)           // a byte of another kind
-               | (m & ~starts)                    // a minus sign not at a field's start
-               | (first & ~g)                     // no digit before the point (or the row over)
-               | (d ^ ((first << 1) | first_in))  // a point anywhere but right after that digit
-               | (((d << 1) | point_in) & ~g);    // no digit after the point
+        const uint64_t bad = ((g | c | d | m) ^ live)           // a byte of another kind
+                             | (m & ~starts)                    // a minus sign not at a field's start
+                             | (first & ~g)                     // no digit before the point (the point's check implies it too)
+                             | (d ^ ((first << 1) | first_in))  // a point anywhere but right after that digit
+                             | (((d << 1) | point_in) & ~g);    // no digit after the point
+        if (bad != 0)  // not this shape: the caller reads the row another way (a file of other shapes pays one word a row)
+            return -1;
         comma_in = c >> 63, minus_in = m >> 63, first_in = first >> 63, point_in = d >> 63;
         commas[word] = c;
         count += __builtin_popcountll(c);
     }
-    bad |= comma_in | minus_in | first_in | point_in;  // the row's last byte a comma, a minus sign, a digit before a point or a point
-    return bad ? -1 : count;
+    // The row's last byte a comma, a minus sign, a digit before a point or a point.
+    return comma_in | minus_in | first_in | point_in ? -1 : count;
 }
 
 // The high 64 bits of each lane's a * b (unsigned), from four 32 x 32-bit products.

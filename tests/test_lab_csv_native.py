@@ -8,6 +8,8 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from decimal import Context, Decimal
@@ -15,6 +17,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from helpers import SUBPROCESS_ENV
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -288,6 +291,70 @@ def test_repr_rows_of_every_width_are_exact(rng: np.random.Generator, width: int
     texts = [("-" + t if sign and not t.startswith("-") else t) for t, sign in zip(texts, rng.integers(0, 2, len(texts)))]
     texts = [texts[i] for i in rng.permutation(len(texts))]
     assert_exact(texts, parse_column(texts, width))
+
+
+def row_values(row: str) -> list[float] | None:
+    """The row through parse_rows with as many fields as it has (the row parser in use): its values, or None where it is
+    refused."""
+    width = row.count(",") + 1
+    out = np.full(width, np.nan)
+    data = row.encode() + b"\n"
+    return None if native.parse_rows(data + AFTER_RANGE, 0, len(data), width, out) == 0 else out.tolist()
+
+
+@pytest.mark.parametrize("length", [63, 64, 65, 128, 192])
+@pytest.mark.parametrize("end", [",", "-", ",5", ",-5", ",5.", ",0.0", ",.5", ",-", ",5.5-", ",0.00,"])
+def test_rows_that_end_at_a_word_s_end_are_read_as_float_reads_them(length: int, end: str) -> None:
+    """Rows of exactly 63 to 192 bytes whose last bytes are a comma, a minus sign, a field without a point or without
+    digits after it, or fields of other shapes: the AVX-512 parser checks a row's shape 64 bytes at a time, carrying
+    each word's last bit into the next, and its last word's carry out decides such rows."""
+    rest = ",".join(["9.25"] * ((length - 12) // 5)) + end
+    row = "1." + "1" * (length - len(rest) - 3) + "," + rest  # its first field's digits make up the length
+    assert len(row) == length
+    fields = row.split(",")
+    expected = [reference(field) for field in fields]
+    got = row_values(row)
+    if any(value is None for value in expected):
+        assert got is None, f"{row!r} accepted as {got}"
+    else:
+        assert got is not None and bits(got).tolist() == bits(expected).tolist(), f"{row!r}: {got} != {expected}"
+
+
+GUARDED_PARSE = """
+import ctypes, mmap, sys
+import numpy as np
+from cnnlab.files import _lab_csv as native
+native.use_isa(sys.argv[1])
+page = mmap.PAGESIZE
+region = mmap.mmap(-1, 2 * page)
+libc = ctypes.CDLL(None, use_errno=True)
+address = ctypes.addressof(ctypes.c_char.from_buffer(region))
+assert libc.mprotect(ctypes.c_void_p(address + page), ctypes.c_size_t(page), 0) == 0  # PROT_NONE: reading it faults
+data = np.frombuffer(region, np.uint8, count=page)  # the buffer ends where the guard page begins
+rng = np.random.default_rng(459)
+for slack in range(41):
+    for width in (1, 3, 8, 9):
+        # The last row of short values (1.5, -0.2): a vector parser loads 16 bytes past a field's point.
+        rows = [",".join(map(repr, np.round(rng.uniform(-10, 10, width), digits).tolist())) for digits in (15, 2, 1)]
+        text = ("\\n".join(rows) + "\\n").encode()
+        start, end = page - slack - len(text), page - slack
+        region[start:end] = text
+        region[end:page] = b"7" * slack
+        out = np.full(3 * width, np.nan)
+        assert native.parse_rows(data, start, end, width, out) == -1, (slack, width)
+        expected = [float(field) for row in rows for field in row.split(",")]
+        assert out.tolist() == expected, (slack, width)
+print("ok")
+"""
+
+
+def test_rows_at_the_buffer_s_end_read_nothing_past_it(parser_isa: str) -> None:
+    """Rows ending 0 to 40 bytes before the end of the buffer, which a page that faults on any read follows (as a mapped
+    file's last page may be): the vector parsers load past a field, never past the buffer (in a child process: a fault
+    would end it)."""
+    command = [sys.executable, "-c", GUARDED_PARSE, parser_isa]
+    result = subprocess.run(command, env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", (result.returncode, result.stderr[-2000:])
 
 
 def test_host_fields_take_every_shape() -> None:

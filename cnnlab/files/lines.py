@@ -27,9 +27,9 @@ try:
     from cnnlab.files import _lab_csv as native
 except ImportError:  # no C++ compiler at install time: the twins below, and a note saying why it is slow
     native = None
-# The row parser's instruction set: the widest this CPU runs (avx2 or x86-64), unless CNNLAB_CPU_ISA, which chooses the
-# forward's kernels, names a narrower one the parser has (x86-64: the scalar parser; avx512 leaves it at avx2). The
-# variable's checks and errors are the forward's (cpu/backend.py).
+# The row parser's instruction set: the widest this CPU runs (avx512, avx2 or x86-64), unless CNNLAB_CPU_ISA, which
+# chooses the forward's kernels, names a narrower one (x86-64: the scalar parser). The variable's checks and errors are
+# the forward's (cpu/backend.py).
 if native is not None and os.environ.get("CNNLAB_CPU_ISA", "") in native.CPU_ISAS:
     native.use_isa(os.environ["CNNLAB_CPU_ISA"])
 
