@@ -24,38 +24,31 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from paired_wall import spread
 
-
-@dataclass(frozen=True)
-class Run:
-    """A run's loop and the seconds in compute() within it."""
-
-    loop: float
-    compute: float
+if TYPE_CHECKING:
+    from cnnlab.run import RunStats
 
 
-def paired_runs(mode: str, cnn_path: str, input_path: str, runs: int, out: Path) -> tuple[list[Run], list[Run]]:
+def paired_runs(mode: str, cnn_path: str, input_path: str, runs: int, out: Path) -> tuple[list[RunStats], list[RunStats]]:
     """`runs` untraced and `runs` traced runs of the job, in ABBA order, in this process."""
     from cnnlab.files.labcsv import read_cnn
     from cnnlab.run import make_backend, run_network
     from cnnlab.trace.recorder import Recorder
 
     cnn, recorder = read_cnn(cnn_path), Recorder()
-    plain: list[Run] = []
-    traced: list[Run] = []
+    plain: list[RunStats] = []
+    traced: list[RunStats] = []
     with make_backend(mode, cnn, None) as untraced_backend, make_backend(mode, cnn, None, trace=recorder) as traced_backend:
         def run_plain() -> None:
-            stats = run_network(untraced_backend, input_path, out)
-            plain.append(Run(stats.loop_seconds, stats.work_seconds))
+            plain.append(run_network(untraced_backend, input_path, out))
 
         def run_traced() -> None:
             recorder.clear()  # each run's spans alone, as the command line's recorder holds them
-            stats = run_network(traced_backend, input_path, out, trace=recorder)
-            traced.append(Run(stats.loop_seconds, stats.work_seconds))
+            traced.append(run_network(traced_backend, input_path, out, trace=recorder))
 
         run_plain()  # not counted: a process's first runs fault in its pools and page-locked windows
         run_traced()
@@ -64,7 +57,8 @@ def paired_runs(mode: str, cnn_path: str, input_path: str, runs: int, out: Path)
         for run in range(runs):  # ABBA: each pair's order the other way from the last, so that order cancels
             for step in (run_traced, run_plain) if run % 2 else (run_plain, run_traced):
                 step()
-            print(f"run {run + 1}: loop {plain[-1].loop:.3f} s without --trace, {traced[-1].loop:.3f} s with it", flush=True)
+            without, with_trace = plain[-1].loop_seconds, traced[-1].loop_seconds
+            print(f"run {run + 1}: loop {without:.3f} s without --trace, {with_trace:.3f} s with it", flush=True)
     return plain, traced
 
 
@@ -90,12 +84,12 @@ def main() -> None:
         plain, traced = paired_runs(args.mode, args.cnn, args.input, args.runs, out)
         command = [sys.executable, "-m", "cnnlab", args.mode, args.cnn, args.input, str(out), "--trace", args.trace]
         subprocess.run(command, stdout=subprocess.DEVNULL, check=True)
-    ratios = [b.loop / a.loop for a, b in zip(plain, traced)]
+    ratios = [b.loop_seconds / a.loop_seconds for a, b in zip(plain, traced)]
     low, high = median_interval(ratios)
-    untraced_loop = statistics.median(run.loop for run in plain)
-    main_thread = statistics.median(b.compute - a.compute for a, b in zip(plain, traced))
-    print(f"without --trace   loop s {spread([run.loop for run in plain])}")
-    print(f"with --trace      loop s {spread([run.loop for run in traced])}")
+    untraced_loop = statistics.median(run.loop_seconds for run in plain)
+    main_thread = statistics.median(b.work_seconds - a.work_seconds for a, b in zip(plain, traced))  # in compute()
+    print(f"without --trace   loop s {spread([run.loop_seconds for run in plain])}")
+    print(f"with --trace      loop s {spread([run.loop_seconds for run in traced])}")
     print(f"with/without      {spread(ratios)}   ({args.runs} pairs, {args.mode}; the median's 90% interval {low:.3f}..{high:.3f})")
     print(f"compute() with it {main_thread * 1e3:+.1f} ms a run (median of the pairs' differences), "
           f"{main_thread / untraced_loop:.1%} of the untraced loop's median, {untraced_loop:.3f} s")
