@@ -22,7 +22,7 @@ from cnnlab.errors import ArrayError, ResourceError, UsageError, byte_size, memo
 if TYPE_CHECKING:
     from typing import Self
 
-    from cnnlab.files.csv_reader import CsvBatch
+    from cnnlab.files.csv_batch import CsvBatch
 
 # One word per idea for sizes, everywhere in cnnlab:
 #   image    one 100x100 input matrix; its outputs are one row of OUT_LAYER_SIZE values.

@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from cnnlab.errors import ArrayError, InputFileError
-from cnnlab.files.csv_reader import CsvBatch, CsvImageReader
+from cnnlab.files.csv_batch import CsvBatch
+from cnnlab.files.csv_reader import CsvImageReader
 from cnnlab.files.formats import ImageReader, OutputWriter, open_images, open_outputs
 from cnnlab.files.npy import VIEW_IMAGES, NpyImageReader
 from cnnlab.files.safety import OutputSet

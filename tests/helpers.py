@@ -140,9 +140,9 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], status: int 
     return result.stderr
 
 
-def read_all_images(path: Path, batch: int = 3, ahead: bool = True) -> np.ndarray:
+def read_all_images(path: Path, batch: int = 3, ahead: bool = True, threads: int | None = None) -> np.ndarray:
     """Every image of a CSV input file, read `batch` at a time (each call saying the next asks as many, where `ahead`)."""
-    with CsvImageReader(path) as reader:
+    with CsvImageReader(path, threads) as reader:
         out = np.empty((reader.count, 100, 100))
         buffer = np.empty((batch, 100, 100))
         done = 0

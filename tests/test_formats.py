@@ -59,27 +59,76 @@ def test_values_the_fast_parser_declines_still_convert_exactly(
     )
     monkeypatch.setattr(csv_files, "native", declining)
     monkeypatch.setattr(rows, "native", declining)
-    assert (read_all_images(path).view(np.int64) == images.view(np.int64)).all()
+    assert (read_all_images(path, threads=2).view(np.int64) == images.view(np.int64)).all()
 
 
 @pytest.mark.parametrize("batch", [1, 2, 3, 5])
 def test_spans_taken_ahead_give_the_images_read_in_turn(
     tmp_path: Path, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch, batch: int
 ) -> None:
-    """Told what the next call asks, the reader takes its span on a thread of its own: the same images as without."""
+    """Told what the next call asks, a reader of text read into windows (a file not mapped: a pipe's, say; a mapped one
+    is walked) takes its span on a thread of its own: the same images as without."""
     images = awkward_values(rng, (7, 100, 100))
     _, path = write_files(tmp_path, random_cnn(rng), images)
     takers: list[str] = []
-    # The source the host's parse takes from: the mapped file's (which hands the file's end to a TextSource of its own)
-    source = csv_files.MappedTextSource if mapped_text.MappedFile is not None and csv_files.native is not None else csv_files.TextSource
+    monkeypatch.setattr(mapped_text, "MappedFile", None)
+    source = csv_files.TextSource
     take = source.take
     monkeypatch.setattr(source, "take", lambda *args: takers.append(threading.current_thread().name) or take(*args))
     for ahead in (True, False):
-        assert (read_all_images(path, batch, ahead).view(np.int64) == images.view(np.int64)).all()
+        assert (read_all_images(path, batch, ahead, threads=2).view(np.int64) == images.view(np.int64)).all()
     calls = -(-7 // batch)
     ahead_takers = takers[: len(takers) - calls - 2]  # without: a take a call, after the count's and before finish's
     assert sum(name.startswith("cnnlab-take") for name in ahead_takers) == calls - 1
     assert not any(name.startswith("cnnlab-take") for name in takers[len(ahead_takers) :])
+
+
+WALKS = pytest.mark.skipif(
+    mapped_text.MappedFile is None or csv_files.native is None, reason="no native parser or no mapped files: nothing walks"
+)
+
+
+@WALKS
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("batch", [1, 2, 3])
+@pytest.mark.parametrize("ending", [b"\n\n", b"\n", b""])
+def test_a_walk_reads_what_takes_read(
+    tmp_path: Path, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch, threads: int, batch: int, ending: bytes
+) -> None:
+    """Each step of a mapped file after the one that shows the layout is parsed by a walk, with no take first (its parts
+    small here: many of them, cut anywhere in a line): the same images as takes give, the file's end with a line end or
+    without (where the walk declines the last step, and a take reads it)."""
+    images = awkward_values(rng, (7, 100, 100))
+    _, path = write_files(tmp_path, random_cnn(rng), images)
+    path.write_bytes(path.read_bytes().rstrip(b"\n") + ending)
+    monkeypatch.setattr(csv_files, "WALK_PART_BYTES", 5001)
+    walks: list[int] = []
+    parse_walk = csv_files.native.parse_walk
+    monkeypatch.setattr(csv_files.native, "parse_walk", lambda *args: walks.append(parse_walk(*args)[0]) or parse_walk(*args))
+    assert (read_all_images(path, batch, threads=threads).view(np.int64) == images.view(np.int64)).all()
+    assert len(walks) == -(-7 // batch) - (2 if batch == 1 else 1)  # the steps before image 2's are taken
+    assert walks[-1] < 0 if not ending else min(walks) > 0  # a last row with no line end: the walk declines it
+
+
+@WALKS
+@pytest.mark.parametrize(("fault", "after"), [(b"x", 0), (b",5", 0), (b"\n", 0), (b"\n\n", 0), (b"\n" + b"1" * (1 << 20), 1)])
+def test_a_walk_names_a_bad_line_as_takes_do(
+    tmp_path: Path, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch, fault: bytes, after: int
+) -> None:
+    """A bad line in a walked step (a bad value, a field too many, a row split in two, with a blank line between, or
+    followed by a line too long, which a take refuses first) is named as takes name it."""
+    _, path = write_files(tmp_path, random_cnn(rng), random_values(rng, 7, 100, 100))
+    lines = path.read_bytes().split(b"\n")
+    number = 2 + 5 * 101 + 40  # image 6's row 41: a walked step's
+    lines[number - 1] = lines[number - 1][:30] + fault + lines[number - 1][30:]
+    path.write_bytes(b"\n".join(lines))
+    messages = []
+    for walk in (csv_files.CsvImageReader._walk, lambda *args: False):
+        monkeypatch.setattr(csv_files.CsvImageReader, "_walk", walk)
+        with pytest.raises(InputFileError) as error:
+            read_all_images(path, 2, threads=2)
+        messages.append(str(error.value))
+    assert messages[0] == messages[1] and f"in.csv:{number + after}: " in messages[0]
 
 
 def test_npy_input_round_trips_through_convert(tmp_path: Path, rng: np.random.Generator) -> None:

@@ -650,6 +650,37 @@ def test_hypothesis_lines_match_the_model(lines: list[bytes], rows: int, max_lin
     assert native.scan_rows(tail, 0, rows, 1 << 20) == model_scan(tail, 0, rows, 1 << 20)
 
 
+POOLS = {threads: native.Pool(threads) for threads in (1, 2, 3)} if native is not None else {}
+
+
+@settings(max_examples=800, deadline=None)
+@given(
+    lines=st.lists(st.sampled_from(LINE_CHOICES), max_size=14),
+    rows=st.integers(0, 9),
+    max_line=st.integers(0, 12),
+    tail=st.sampled_from([b"", b"1,2", b"1,2,3"]),
+    part_bytes=st.integers(1, 40),
+    threads=st.integers(1, 3),
+)
+def test_hypothesis_a_walking_parse_is_a_scan_then_a_parse(
+    lines: list[bytes], rows: int, max_line: int, tail: bytes, part_bytes: int, threads: int
+) -> None:
+    """parse_walk, its text cut into parts of any size on one to three threads, gives what scan_rows then parse_rows give
+    where both succeed (the end, the lines walked, the values), and declines (-1) wherever either would not: a bad row, a
+    line too long before the last row, the data ending before `rows` rows."""
+    data = b"".join(line + b"\n" for line in lines) + tail
+    out = np.full(3 * rows, np.nan)
+    end, found, walked = model_scan(data, 0, rows, max_line)
+    values, bad = model_rows(data[: max(end, 0)], 3)
+    good = end >= 0 and found == rows and bad == -1
+    result = native.parse_walk(POOLS[threads], data, 0, rows, 3, out, 0, 0, False, max_line, part_bytes, True)
+    assert result[:2] == ((end, walked) if good else (-1, 0))
+    if good:
+        assert bits(out).tolist() == bits(values).tolist()
+        parts = np.frombuffer(result[2] or b"", np.int64).reshape(-1, 5)
+        assert parts[:, 4].sum() == end and (parts[:, 3] >= parts[:, 2]).all()  # the parts parsed: every byte once
+
+
 # The host reads d.ddd... with 8 to 18 digits after the point without a loop where 26 bytes
 # follow the number's start on its line; every other shape takes the general reader. A field
 # of that shape, or one digit off it, followed by what may follow a number, then a long field
@@ -891,6 +922,12 @@ def test_hypothesis_blank_line_rule_holds_across_any_pieces(
     bad_piece = native.parse_pieces(native.Pool(threads), data, pieces.astype(np.int64), 2, out, 0, 0, matrix_rows, separated)
     piece_of_row = {row: index for index, before in enumerate(rows_before) for row in range(before, rows)}
     assert bad_piece == (piece_of_row[bad_rows[0]] if bad_rows else -1)
+    for a, before in zip(starts, rows_before):  # walking from each start just after a row (a span's) to the end: declined
+        if a and row_of_line[a - 1] is None:  # where a row is bad
+            continue
+        walked = native.parse_walk(native.Pool(threads), data, offsets[a], rows - before, 2, np.empty(rows * 2), before, matrix_rows,
+                                   separated, 1 << 20, 5, False)  # fmt: skip
+        assert (walked[0] < 0) == any(row >= before for row in bad_rows)
     layout = Layout(matrix_rows, "matrix", separated=separated)
     for index, (a, b, before) in enumerate(zip(starts, [*starts[1:], len(lines)], rows_before)):
         span = Span(np.frombuffer(data, np.uint8), offsets[a], offsets[b], 0, a)

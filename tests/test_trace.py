@@ -96,9 +96,13 @@ def test_cpu_trace_follows_the_format_and_changes_no_output(files: tuple[Path, P
     computes = [span for span in main if span["name"] == "compute"]
     assert [span["args"]["batch"] for span in writes] == list(range(5)) and sum(span["args"]["images"] for span in writes) == 300
     assert all(write["ts"] + ROUNDING_US >= compute["ts"] + compute["dur"] for write, compute in zip(writes, computes))
+    # The pieces parsed (the first step's, cut from a take, and the walks' parts) hold the images' text once: from the
+    # count line's end to the last row's.
     pieces = [event for event in trace["traceEvents"] if event["name"] == "parse piece"]
-    steps = [event for event in trace["traceEvents"] if event["name"] == "parse"]
-    assert sum(piece["args"]["bytes"] for piece in pieces) == sum(step["args"]["bytes"] for step in steps) > 0
+    text = input_path.read_bytes()
+    assert sum(piece["args"]["bytes"] for piece in pieces) == len(text.rstrip(b"\n")) + 1 - len(text.split(b"\n")[0]) - 1
+    assert {step["args"].get("walked", False) for step in spans_named(trace, names, "cnnlab-reader") if step["name"] == "parse"} == {
+        False, True}  # fmt: skip
     assert {names[(piece["pid"], piece["tid"])] for piece in pieces} <= {"cnnlab-reader", "cnnlab-parse-native-1"}
     # A native piece's times are on the Python spans' clock: inside the parse of its step, on the reader's track.
     parses = spans_named(trace, names, "cnnlab-reader")

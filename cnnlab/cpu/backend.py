@@ -32,7 +32,7 @@ from cnnlab.network import (
 if TYPE_CHECKING:
     from cnnlab.cpu import _forward
     from cnnlab.cpu.numpy_forward import NumpyForward
-    from cnnlab.files.csv_reader import CsvBatch
+    from cnnlab.files.csv_batch import CsvBatch
 
 Forward: type[_forward.Forward] | None
 try:

@@ -57,7 +57,7 @@ from cnnlab.network import (
 )
 
 if TYPE_CHECKING:
-    from cnnlab.files.csv_reader import CsvBatch
+    from cnnlab.files.csv_batch import CsvBatch
 
 # Images per compute() call from the command line: the run's two page-locked buffers stay at ~330 MB.
 DEFAULT_BATCH_IMAGES = 2048

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from cnnlab.files.csv_reader import CsvBatch
+from cnnlab.files.csv_batch import CsvBatch
 from cnnlab.network import Backend, ImageBatch, OutputBatch, TextBatching
 from cnnlab.owner import BackendOwner
 

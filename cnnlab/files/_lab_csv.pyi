@@ -50,6 +50,15 @@ def parse_rows(
     good, else the index among the non-blank lines of the first bad one. Where matrix_rows is given, the rows (the first
     numbered first_row) must stand where the lab's layout lets them: the line before the range is read back to `bound`."""
 
+def parse_walk(
+    pool: Pool, data: Bytes, start: int, rows: int, width: int, out: Floats, first_row: int, matrix_rows: int, separated: bool,
+    max_line_bytes: int, part_bytes: int, timed: bool, /,
+) -> tuple[int, int, bytes | None]:
+    """parse_rows of the next `rows` non-blank lines from `start`, their end found by the walk itself on the pool's threads
+    (the text cut into parts of part_bytes, each counted, then parsed in its place): (end, lines walked, times); end -1
+    where a line is bad or longer than max_line_bytes, or the data ends first. times (where `timed`): int64 bytes of
+    (pool worker, thread id, start ns, end ns, bytes) for each part parsed."""
+
 def parse_pieces(
     pool: Pool, data: Bytes, pieces: npt.NDArray[np.int64], width: int, out: Floats, bound: int = ..., first_row: int = ...,
     matrix_rows: int = ..., separated: bool = ..., times: npt.NDArray[np.int64] | None = ..., /,

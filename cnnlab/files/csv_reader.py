@@ -11,13 +11,13 @@ import stat
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import numpy as np
 
 from cnnlab.errors import InputFileError
+from cnnlab.files.csv_batch import CsvBatch, announced, file_ends
 from cnnlab.files.inputs import open_for_reading
-from cnnlab.files.lines import Span, SpanAhead, native, scan_rows, warn_if_slow
+from cnnlab.files.lines import MAX_LINE_BYTES, Span, SpanAhead, native, scan_rows, warn_if_slow
 from cnnlab.files.mapped_text import MappedTextSource, text_source
 from cnnlab.files.rows import Layout, RowPlace, check_text, cut_row, parse_rows, shorten
 from cnnlab.files.text import READ_BYTES, TextMemory, TextSource
@@ -33,59 +33,13 @@ PARSE_IMAGES = 16
 STEP_IMAGES = 32
 # Where the host parses, the threads that read ahead meanwhile: a thread reads ~8x the bytes a thread parses.
 READ_AHEAD_SHARE = 4
+# The parts of text a walk's threads claim (native.parse_walk): a part, counted and then parsed, stays in a core's L2.
+WALK_PART_BYTES = 1 << 20
 # The most bytes a line of an image takes as cnnlab writes it: 100 values in repr's longest form (24 characters) and
 # their commas. Windows are reserved for no more per line (text padded longer grows them as it is read).
 REPR_ROW_BYTES = INPUT_DIM * 25
 # The fewest bytes an image's text can take: 100 lines of 100 one-character values, 99 commas and a newline.
 MIN_IMAGE_BYTES = INPUT_DIM * (2 * INPUT_DIM)
-
-
-@dataclass(frozen=True)
-class CsvBatch:
-    """A batch of images as the text of their lines, for a backend that parses CSV itself (the GPU).
-
-    The span's bytes lie in the reader's window (page-locked, from the backend's allocator) and stay
-    there until the reader has taken two batches more. `first_image` counts the file's images before
-    the batch's, and `layout` says where its blank lines may stand (rows.Layout).
-    """
-
-    path: str | os.PathLike
-    span: Span
-    images: int
-    first_image: int = 0
-    layout: Layout = Layout(INPUT_DIM, "image")
-    count: int = 0  # the images the file announces
-    cut_line: int | None = None  # the file's last line where it has no line end: a bad one is where the file was cut
-    def __len__(self) -> int:
-        return self.images
-
-    def split(self, parts: int, every: int) -> list[CsvBatch]:
-        """The batch as up to `parts` batches in order, each of whole pieces of `every` images (the span's pieces of the
-        device's chunk), as even in images as whole pieces allow: a share of the batch for each of several GPUs."""
-        pieces = self.span.pieces(every * INPUT_DIM)
-        shares = [pieces[len(pieces) * k // parts : len(pieces) * (k + 1) // parts] for k in range(parts)]
-        batches, first_image = [], self.first_image
-        for share in filter(None, shares):
-            rows = sum(piece.rows for piece in share)
-            span = Span(self.span.data, share[0].start, share[-1].end, rows, share[0].line_before, tuple(share))
-            batches.append(CsvBatch(self.path, span, rows // INPUT_DIM, first_image, self.layout, self.count, self.cut_line))
-            first_image += rows // INPUT_DIM
-        return batches
-
-    def first_row(self, piece: int, every: int) -> int:
-        """The file's row (counted from its first image's first, 0) that piece `piece` of the span's pieces of `every`
-        images starts with."""
-        return (self.first_image + piece * every) * INPUT_DIM
-
-    def parse_on_host(self, piece: Span, first_row: int, out: np.ndarray) -> None:
-        """Parse a piece of the span, starting at the file's row `first_row`, here: what the device declined, which names
-        a bad line as the host always does (and a bad last line with no line end as where the file was cut)."""
-        try:
-            parse_rows(self.path, piece, INPUT_DIM, out, RowPlace(self.layout, first_row, self.span.start))
-        except InputFileError as error:
-            if error.line is None or error.line != self.cut_line:
-                raise
-            raise file_ends(self.path, self.count, first_row + piece.rows, error.line, cut_short=True) from None
 
 
 class CsvImageReader:
@@ -136,6 +90,7 @@ class CsvImageReader:
         self._images_taken = 0  # the images whose spans were taken (ahead of those read, where a span is taken ahead)
         self._separated: bool | None = None  # whether blank lines stand between the images: known once image 2 is taken
         self.step = (STEP_IMAGES if native is not None else PARSE_IMAGES) * threads  # images per read_into() call
+        self._walks = self._parsers is not None and isinstance(self._source, MappedTextSource)  # the parse finds its lines
 
     def _read_count(self) -> int:
         first = self._source.take(1)
@@ -166,15 +121,44 @@ class CsvImageReader:
         time, which every parsing core but one would otherwise wait through."""
         wanted = max(0, min(len(out), self.count - self.images_read))
         with self._source.whole():  # a mapped file cut short meanwhile: that error, whatever the take or parse found
-            with self._trace.span("take", images=wanted):
-                span = self._take(wanted)
-            then = max(0, min(next_images, self.count - self.images_read - wanted))
-            if then and span.rows == wanted * INPUT_DIM:
-                self._taken = SpanAhead(self._take_now, then, self._trace)
-            with self._truncation(span, wanted), self._trace.span("parse", images=wanted, bytes=span.end - span.start):
-                self._parse(span, out.reshape(-1))
+            if not self._walk(wanted, out.reshape(-1)):
+                with self._trace.span("take", images=wanted):
+                    span = self._take(wanted)
+                then = max(0, min(next_images, self.count - self.images_read - wanted))
+                if then and span.rows == wanted * INPUT_DIM and not self._walks:
+                    self._taken = SpanAhead(self._take_now, then, self._trace)
+                with self._truncation(span, wanted), self._trace.span("parse", images=wanted, bytes=span.end - span.start):
+                    self._parse(span, out.reshape(-1))
         self.images_read += wanted
         return wanted
+
+    def _walk(self, images: int, out: np.ndarray) -> bool:
+        """Where the host parses a mapped file, parse the next `images` images with no take first: the parse's threads
+        find the lines as they go (native.parse_walk), each reading its part of the text while it is in its cache, where
+        a take reads it ahead on threads of its own to count its lines (its critical path on 16 cores, a quarter of the
+        loop on one). From image 2's step on (the layout known); False where the walk declines (a bad line, the file's
+        end): the span is then taken and parsed as before, which names what it found."""
+        if not (self._walks and self._separated is not None and images):
+            return False
+        assert native is not None and isinstance(self._source, MappedTextSource)
+        rows, first_row, separated = images * INPUT_DIM, self._images_taken * INPUT_DIM, self._separated
+        parts = []
+
+        def parse(data: np.ndarray, start: int) -> tuple[int, int]:
+            end, lines, times = native.parse_walk(self._parsers, data, start, rows, INPUT_DIM, out, first_row, INPUT_DIM, separated,
+                                                  MAX_LINE_BYTES, WALK_PART_BYTES, self._trace.enabled)  # fmt: skip
+            parts.append(times)
+            return end, lines
+
+        with self._trace.span("parse", images=images, walked=True):
+            span = self._source.take_walked(rows, parse)
+        if span is None:
+            return False
+        if parts[0]:
+            times = np.frombuffer(parts[0], np.int64).reshape(-1, 5)
+            self._trace.pieces("parse piece", times[:, :4], times[:, 4], "cnnlab-parse-native-{worker}")
+        self._images_taken += images
+        return True
 
     def _take(self, images: int) -> Span:
         """The span of the next `images` images: the one taken ahead for them, else taken now."""
@@ -309,23 +293,6 @@ class CsvImageReader:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-def file_ends(path: str | os.PathLike, count: int, rows: int, line: int | None, cut_short: bool = False) -> InputFileError:
-    """The error of an input file whose first line announces `count` images and whose text ends after `rows` rows (the
-    last of them `cut_short`: a line with no line end that is not a row), at line `line`."""
-    image, row = divmod(rows - 1 if cut_short else rows, INPUT_DIM)
-    inside = f"file ends inside image {image + 1} of the {count} the first line announces"
-    if cut_short:
-        return InputFileError(path, f"{inside}: its row {row + 1} is cut short", line)
-    if row:
-        return InputFileError(path, f"{inside}, after {row} of its {INPUT_DIM} rows", line)
-    return InputFileError(path, f"file ends after {image} of {announced(count)}", line)
-
-
-def announced(count: int) -> str:
-    """The images the count line announces, as messages name them."""
-    return "the 1 image the first line announces" if count == 1 else f"the {count} images the first line announces"
 
 
 def _runs(pieces: list[Span]) -> tuple[tuple[int, int, int], ...]:

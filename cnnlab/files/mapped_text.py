@@ -3,7 +3,8 @@ of the text out of the page cache into windows (text.py's TextSource), whose cop
 
 A take summarizes the mapped bytes it needs (native.summarize_parts, 1 MB parts on its own threads, the pages faulted
 in there) and cuts its span from the summaries as TextSource does, the span's data the whole mapping, its offsets the
-file's. The parser never loads past the buffer it is given (lab_csv_simd.h: a field within 32 bytes of its end takes
+file's; a walked take (take_walked) leaves finding the span's end to the parse that walks it (the reader's steps after
+the first). The parser never loads past the buffer it is given (lab_csv_simd.h: a field within 32 bytes of its end takes
 the scalar path), so the file's last bytes need no padding. Where a take needs the file's end (its rows run out in the
 mapping: a last line with no line end wants its '\\n'), the rest of the file is read from there into windows by a
 TextSource, as before. Pages of spans two takes old are unmapped again on a pool thread (the page cache keeps them),
@@ -17,7 +18,7 @@ from __future__ import annotations
 import os
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -114,13 +115,32 @@ class MappedTextSource:
         pieces = spans_of(self._data, self._start, self._lines_taken, cuts)  # all rows found: no blank lines left to merge
         runs = runs_of(prefixes, pieces[-1].end) if with_runs and prefixes is not None else ()
         span = Span(self._data, self._start, pieces[-1].end, rows, self._lines_taken, tuple(pieces), runs)
-        if rows > 1:
-            self.row_bytes = (span.end - span.start) / rows
-        self._start, self._lines_taken = span.end, self._lines_taken + sum(cut[2] for cut in cuts)
-        self._keep_from(span.end)
-        self._drop(self._dropped, self._last_start)  # spans two takes old: parsed
-        self._dropped, self._last_start = self._last_start, span.start
+        self._advance(span, sum(cut[2] for cut in cuts))
         return span
+
+    def take_walked(self, rows: int, walk: Callable[[np.ndarray, int], tuple[int, int]]) -> Span | None:
+        """The next `rows` non-blank lines as take() gives them (no pieces), their end found by `walk(data, start)` ->
+        (end, lines walked): the parse's own walk, where take() would read the text once more, ahead, to summarize it
+        first. None where the walk declines (end -1) or the file's end is in windows: take() goes on from here."""
+        if self._rest is not None:
+            return None
+        end, walked = walk(self._data, self._start)
+        if end < 0:
+            return None
+        span = Span(self._data, self._start, end, rows, self._lines_taken)
+        self._advance(span, walked)
+        return span
+
+    def _advance(self, span: Span, walked: int) -> None:
+        """After the take of `span`, `walked` lines: the next take starts at its end, and spans two takes old (parsed)
+        are unmapped."""
+        if span.rows > 1:
+            self.row_bytes = (span.end - span.start) / span.rows
+        self._start, self._lines_taken = span.end, self._lines_taken + walked
+        self._summarized = max(self._summarized, span.end)  # a walk may pass the summaries
+        self._keep_from(span.end)
+        self._drop(self._dropped, self._last_start)
+        self._dropped, self._last_start = self._last_start, span.start
 
     def _drop(self, start: int, end: int) -> None:
         """Unmap [start, end) on a pool thread: unmapping a step's pages interrupts every core that runs one of the
