@@ -310,7 +310,7 @@ class Backend(Protocol):
 
     @property
     def csv_text(self) -> TextBatching | None:
-        """Not None: compute() also takes CSV text (csv_reader.CsvBatch), parsed on the backend's device."""
+        """Not None: compute() also takes CSV text (csv_batch.CsvBatch), parsed on the backend's device."""
         ...
 
     def allocate_images(self, count: int) -> np.ndarray:

@@ -821,18 +821,18 @@ class Walk {
     {
     }
 
-    // Walk on up to `threads` of the pool's threads: the offset just past the last row's '\n' (*lines: the lines walked
+    // Walk on the pool's threads: the offset just past the last row's '\n' (*lines: the lines walked
     // to it), or -1 where the walk declines. `times` (a trace's): each parsed part's (worker, thread id, start and end
     // ns, bytes).
-    Py_ssize_t run(cnnlab::Pool &pool, int threads, Py_ssize_t *lines, std::vector<long long> *times)
+    Py_ssize_t run(cnnlab::Pool &pool, Py_ssize_t *lines, std::vector<long long> *times)
     {
         if (rows_ == 0) {
             *lines = 0;
             return start_;
         }
         times_ = times;
-        direct_ = std::min(threads, pool.threads()) <= 1;
-        pool.run([this](int worker) { claim_parts(worker); }, threads);
+        direct_ = pool.threads() <= 1;
+        pool.run([this](int worker) { claim_parts(worker); }, pool.threads());
         if (declined_.load() || end_ < 0)
             return -1;
         *lines = lines_;
@@ -853,7 +853,7 @@ class Walk {
             const long long began = times_ ? monotonic_ns() : 0;
             const Py_ssize_t first = line_start_from(at), stop = line_start_from(at + part_bytes_);
             Py_ssize_t parsed_end = -1;
-            if (first < 0)  // inside a line too long: the part before, which holds it, declines where rows follow it
+            if (first < 0)  // inside a line too long: the part where it starts declines where rows follow it
                 publish(part, Count());
             else if (!walk_part(part, first, stop < 0 ? size_ : stop, &parsed_end)) {
                 declined_.store(true);
@@ -874,7 +874,7 @@ class Walk {
         if (at <= start_ || at >= size_)
             return std::min(std::max(at, start_), size_);
         const Py_ssize_t left = size_ - (at - 1);
-        const char *nl = static_cast<const char *>(std::memchr(base_ + at - 1, '\n', std::min(left, max_line_ + 1)));
+        const char *nl = static_cast<const char *>(std::memchr(base_ + at - 1, '\n', left <= max_line_ ? left : max_line_ + 1));
         return nl ? nl + 1 - base_ : (left > max_line_ ? -1 : size_);
     }
 
@@ -914,7 +914,7 @@ class Walk {
         bool blank_before = parse && place_.matrix_rows > 0 && line_before_is_blank(base_, start_, first);
         while (p < limit && count->rows < room) {
             const Py_ssize_t left = limit - p;
-            const char *nl = static_cast<const char *>(std::memchr(p, '\n', std::min(left, max_line_ + 1)));
+            const char *nl = static_cast<const char *>(std::memchr(p, '\n', left <= max_line_ ? left : max_line_ + 1));
             if (!nl) {
                 if (left > max_line_)
                     return false;
@@ -1012,12 +1012,13 @@ PyObject *parse_walk(PyObject *, PyObject *args)
         PyErr_Format(PyExc_ValueError, "parse_walk: out holds %zd values, %zd rows need %zd", out.view.len / 8, rows, rows * width);
         return nullptr;
     }
+    part_bytes = std::min(part_bytes, std::max<Py_ssize_t>(data.view.len - start, 1));  // a part past the data's end: none
     Walk walk(static_cast<const char *>(data.view.buf), start, data.view.len, rows, width, static_cast<double *>(out.view.buf), place,
               max_line, part_bytes);
     std::vector<long long> times;
     Py_ssize_t end, lines = 0;
     Py_BEGIN_ALLOW_THREADS
-    end = walk.run(*pool, pool->threads(), &lines, timed ? &times : nullptr);
+    end = walk.run(*pool, &lines, timed ? &times : nullptr);
     Py_END_ALLOW_THREADS
     if (!timed)
         return Py_BuildValue("(nnO)", end, lines, Py_None);

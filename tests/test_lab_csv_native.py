@@ -655,6 +655,7 @@ POOLS = {threads: native.Pool(threads) for threads in (1, 2, 3)} if native is no
 
 @settings(max_examples=800, deadline=None)
 @given(
+    before=st.lists(st.sampled_from(LINE_CHOICES), max_size=3),
     lines=st.lists(st.sampled_from(LINE_CHOICES), max_size=14),
     rows=st.integers(0, 9),
     max_line=st.integers(0, 12),
@@ -663,22 +664,35 @@ POOLS = {threads: native.Pool(threads) for threads in (1, 2, 3)} if native is no
     threads=st.integers(1, 3),
 )
 def test_hypothesis_a_walking_parse_is_a_scan_then_a_parse(
-    lines: list[bytes], rows: int, max_line: int, tail: bytes, part_bytes: int, threads: int
+    before: list[bytes], lines: list[bytes], rows: int, max_line: int, tail: bytes, part_bytes: int, threads: int
 ) -> None:
-    """parse_walk, its text cut into parts of any size on one to three threads, gives what scan_rows then parse_rows give
-    where both succeed (the end, the lines walked, the values), and declines (-1) wherever either would not: a bad row, a
-    line too long before the last row, the data ending before `rows` rows."""
-    data = b"".join(line + b"\n" for line in lines) + tail
-    out = np.full(3 * rows, np.nan)
-    end, found, walked = model_scan(data, 0, rows, max_line)
-    values, bad = model_rows(data[: max(end, 0)], 3)
+    """parse_walk from any line start, its text cut into parts of any size on one to three threads, gives what scan_rows
+    then parse_rows give where both succeed (the end, the lines walked, the values, nothing written past the rows), and
+    declines (-1) wherever either would not: a bad row, a line too long before the last row, the data ending first."""
+    start = len(b"".join(line + b"\n" for line in before))
+    data = b"".join(line + b"\n" for line in before + lines) + tail
+    out = np.full(3 * rows + 3, np.nan)  # three values past the rows: never written
+    end, found, walked = model_scan(data, start, rows, max_line)
+    values, bad = model_rows(data[start : max(end, start)], 3)
     good = end >= 0 and found == rows and bad == -1
-    result = native.parse_walk(POOLS[threads], data, 0, rows, 3, out, 0, 0, False, max_line, part_bytes, True)
+    result = native.parse_walk(POOLS[threads], data, start, rows, 3, out, 0, 0, False, max_line, part_bytes, True)
     assert result[:2] == ((end, walked) if good else (-1, 0))
+    assert np.isnan(out[3 * rows :]).all()
     if good:
-        assert bits(out).tolist() == bits(values).tolist()
+        assert bits(out[: 3 * rows]).tolist() == bits(values).tolist()
         parts = np.frombuffer(result[2] or b"", np.int64).reshape(-1, 5)
-        assert parts[:, 4].sum() == end and (parts[:, 3] >= parts[:, 2]).all()  # the parts parsed: every byte once
+        assert parts[:, 4].sum() == end - start and (parts[:, 3] >= parts[:, 2]).all()  # the parts parsed: every byte once
+
+
+@pytest.mark.parametrize("max_line", [4, 1 << 20, sys.maxsize])
+@pytest.mark.parametrize("part_bytes", [1, 4, sys.maxsize])
+def test_a_walk_reads_nothing_past_its_buffer_whatever_its_limits(max_line: int, part_bytes: int) -> None:
+    """A buffer that ends inside a row, with more text after it in memory: the walk declines, its limits as large as
+    they come (a window of max_line + 1 bytes overflowed, and memchr read on past the buffer)."""
+    memory = bytearray(b"x\n1,2\n3,4" + b"\n5,6\n" * 1000)
+    data = memoryview(memory)[:9]
+    for pool in POOLS.values():
+        assert native.parse_walk(pool, data, 2, 2, 2, np.zeros(4), 0, 0, False, max_line, part_bytes, False)[0] == -1
 
 
 # The host reads d.ddd... with 8 to 18 digits after the point without a loop where 26 bytes

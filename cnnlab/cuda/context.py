@@ -184,7 +184,7 @@ class CudaContext:
         self.memory.free(images.allocation)
 
     def compute(self, batch: ImageBatch | CsvBatch, check_finite: bool = False) -> OutputBatch:
-        """Outputs for a host batch of images, or of CSV text (csv_reader.CsvBatch) parsed here on the device (its values
+        """Outputs for a host batch of images, or of CSV text (csv_batch.CsvBatch) parsed here on the device (its values
         are finite: the parser refuses the rest). `check_finite`: an ArrayError where an image holds a NaN or an infinity."""
         if isinstance(batch, ImageBatch):
             source = HostImages(batch.images, self.chunk_images, is_page_locked(batch.images), self._copier)

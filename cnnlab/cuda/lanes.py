@@ -138,7 +138,7 @@ class CsvOnDevice:
 
 
 class CsvText:
-    """Chunks of a batch of CSV text (csv_reader.CsvBatch): copied to the lane, parsed there into its images.
+    """Chunks of a batch of CSV text (csv_batch.CsvBatch): copied to the lane, parsed there into its images.
 
     Whatever the device could not take (a bad line, a value it cannot prove correctly rounded) is
     done on the host: the values it lists are converted with float() and patched in; anything else

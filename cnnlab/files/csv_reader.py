@@ -116,9 +116,10 @@ class CsvImageReader:
     def read_into(self, out: np.ndarray, next_images: int = 0) -> int:
         """Fill the leading images of `out` (shape (n, 100, 100)) with the next images; return how many.
 
-        Given `next_images`, the images the next call will ask for, their span is taken on a thread of its own while
-        these parse: taking a span (the hand-over of what was read ahead, and its cut) is a tenth of the reader's
-        time, which every parsing core but one would otherwise wait through."""
+        A mapped file's steps after the first are walked (_walk): no span is taken. Elsewhere, given `next_images`, the
+        images the next call will ask for, their span is taken on a thread of its own while these parse: taking a span
+        (the hand-over of what was read ahead, and its cut) is a tenth of the reader's time, which every parsing core
+        but one would otherwise wait through."""
         wanted = max(0, min(len(out), self.count - self.images_read))
         with self._source.whole():  # a mapped file cut short meanwhile: that error, whatever the take or parse found
             if not self._walk(wanted, out.reshape(-1)):
@@ -150,7 +151,7 @@ class CsvImageReader:
             parts.append(times)
             return end, lines
 
-        with self._trace.span("parse", images=images, walked=True):
+        with self._trace.span("walk", images=images):  # a walk declined is followed by the take's spans
             span = self._source.take_walked(rows, parse)
         if span is None:
             return False

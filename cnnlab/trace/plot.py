@@ -21,7 +21,7 @@ from cnnlab.trace.recorder import GPU_PID, MAIN_THREAD
 # kernels together, the loop) are drawn behind what they hold and count toward no resource.
 KINDS = {
     "read": "read", "take": "read", "take ahead": "read",
-    "parse": "parse", "parse piece": "parse",
+    "parse": "parse", "walk": "parse", "parse piece": "parse",
     "compute": "compute", "kernels": "container",
     "write": "write",
     "copy in": "copy H2D", "copy text in": "copy H2D",
