@@ -143,20 +143,20 @@ class CsvImageReader:
             return False
         assert native is not None and isinstance(self._source, MappedTextSource)
         rows, first_row, separated = images * INPUT_DIM, self._images_taken * INPUT_DIM, self._separated
-        parts = []
+        part_times: list[bytes | None] = []  # the walk's, for the trace
 
         def parse(data: np.ndarray, start: int) -> tuple[int, int]:
             end, lines, times = native.parse_walk(self._parsers, data, start, rows, INPUT_DIM, out, first_row, INPUT_DIM, separated,
                                                   MAX_LINE_BYTES, WALK_PART_BYTES, self._trace.enabled)  # fmt: skip
-            parts.append(times)
+            part_times.append(times)
             return end, lines
 
         with self._trace.span("walk", images=images):  # a walk declined is followed by the take's spans
             span = self._source.take_walked(rows, parse)
         if span is None:
             return False
-        if parts[0]:
-            times = np.frombuffer(parts[0], np.int64).reshape(-1, 5)
+        if part_times[0]:
+            times = np.frombuffer(part_times[0], np.int64).reshape(-1, 5)
             self._trace.pieces("parse piece", times[:, :4], times[:, 4], "cnnlab-parse-native-{worker}")
         self._images_taken += images
         return True
