@@ -154,6 +154,13 @@ int convert_on_host(const char *begin, const char *end, double *out)
     return LAB_FIELD_OK;
 }
 
+// The '\n' that ends the line at p, looked for in the `left` bytes there: null where none comes before they end, or
+// within max_line + 1 bytes (a '\n' further away ends a line too long).
+inline const char *line_end_within(const char *p, Py_ssize_t left, Py_ssize_t max_line)
+{
+    return static_cast<const char *>(std::memchr(p, '\n', left <= max_line ? left : max_line + 1));
+}
+
 // Non-blank lines in [p, end), whole '\n'-ended lines.
 Py_ssize_t count_rows(const char *p, const char *end)
 {
@@ -347,8 +354,7 @@ PyObject *scan_rows(PyObject *, PyObject *args)
     const char *p = base + start;
     while (found < rows) {
         const Py_ssize_t left = end - p;
-        const Py_ssize_t window = left <= max_line ? left : max_line + 1;  // a '\n' further away ends a line too long
-        const char *nl = static_cast<const char *>(std::memchr(p, '\n', window));
+        const char *nl = line_end_within(p, left, max_line);
         if (!nl) {
             too_long = left > max_line;
             break;
@@ -615,7 +621,7 @@ enum class Line { blank, row, bad };
 inline Line parse_line(const char *line, const char *nl, RowParser parse_row, Py_ssize_t row, Py_ssize_t width, double *values,
                        const RowPlace &place, bool *blank_before, const char *limit)
 {
-    if (line == nl || (lab_is_blank_byte((unsigned char)*line) && lab_line_is_blank(line, nl))) {
+    if (!holds_ink(line, nl)) {
         *blank_before = true;
         return Line::blank;
     }
@@ -874,7 +880,7 @@ class Walk {
         if (at <= start_ || at >= size_)
             return std::min(std::max(at, start_), size_);
         const Py_ssize_t left = size_ - (at - 1);
-        const char *nl = static_cast<const char *>(std::memchr(base_ + at - 1, '\n', left <= max_line_ ? left : max_line_ + 1));
+        const char *nl = line_end_within(base_ + at - 1, left, max_line_);
         return nl ? nl + 1 - base_ : (left > max_line_ ? -1 : size_);
     }
 
@@ -914,7 +920,7 @@ class Walk {
         bool blank_before = parse && place_.matrix_rows > 0 && line_before_is_blank(base_, start_, first);
         while (p < limit && count->rows < room) {
             const Py_ssize_t left = limit - p;
-            const char *nl = static_cast<const char *>(std::memchr(p, '\n', left <= max_line_ ? left : max_line_ + 1));
+            const char *nl = line_end_within(p, left, max_line_);
             if (!nl) {
                 if (left > max_line_)
                     return false;
@@ -924,7 +930,7 @@ class Walk {
             p = nl + 1;
             ++count->lines;
             if (!parse) {
-                count->rows += !(line == nl || (lab_is_blank_byte((unsigned char)*line) && lab_line_is_blank(line, nl)));
+                count->rows += holds_ink(line, nl);
                 continue;
             }
             const Line kind = parse_line(line, nl, parse_row_, row + count->rows, width_, values_, place_, &blank_before, base_ + size_);
