@@ -3,16 +3,21 @@
 Before anything heavy is imported: SIGINT and SIGTERM become one-line exits (cnnlab.interrupts),
 OpenBLAS is given no more threads than an address-space limit (ulimit -v) leaves room for (each
 reserves ~40 MB when numpy is imported, and OpenBLAS gives up with its own message when it cannot),
-and in cuda mode the driver starts while numpy is imported and the CNN read.
+and in cuda mode the driver starts while numpy is imported and the CNN read, its teardown left to a helper.
 """
+
+from __future__ import annotations
 
 import os
 import resource
 import signal
 import sys
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from cnnlab import interrupts
+
+if TYPE_CHECKING:
+    from cnnlab.cuda.teardown import TeardownHelper
 
 # Measured on the 2-core machine: `import numpy` and a matrix product need 136 MB of address space with
 # one OpenBLAS thread and 175 MB with two; a run of the default data needs ~170 MB with one.
@@ -24,9 +29,10 @@ M_ARENA_MAX = -8  # glibc's mallopt parameter
 def main() -> NoReturn:
     sys.unraisablehook = interrupts.unraisable_hook
     _hold_standard_error()
+    teardown: list[TeardownHelper] = []  # cuda mode's helper, made by _start
     try:
         interrupts.install()
-        status = _start()
+        status = _start(teardown)
     except BaseException:
         signal_status = interrupts.exit_status()
         if signal_status is None:
@@ -35,21 +41,23 @@ def main() -> NoReturn:
     finally:  # the run is over: a signal from here on ends the process without a word (no traceback)
         for signum in interrupts.SIGNAL_EXITS:
             signal.signal(signum, signal.SIG_IGN)
-    # The run is over: its outputs are in place, its threads joined and its context closed. Leave now, without the
-    # interpreter's teardown, which frees nothing the process's end does not (numpy's modules; with a GPU, the
-    # driver's state: ~130 ms of cuda mode's exit on the H100 machine). And after a signal, leave with 128 + the
-    # signal: where a KeyboardInterrupt passed through Python's C API on its way (numpy's import runs code that way),
-    # the interpreter would end the process by raising SIGINT again, whatever status is returned here.
+    # The run is over: its outputs are in place and its threads joined. Leave now, without the interpreter's teardown,
+    # which frees nothing the process's end does not (numpy's modules), and with a GPU without the driver's, which the
+    # helper takes (cuda/teardown.py). And after a signal, leave with 128 + the signal: where a KeyboardInterrupt passed
+    # through Python's C API on its way (numpy's import runs code that way), the interpreter would end the process by
+    # raising SIGINT again, whatever status is returned here.
     for stream in (sys.stdout, sys.stderr):
         try:
             if stream is not None:
                 stream.flush()
         except OSError:
             pass
+    for helper in teardown:
+        helper.hand_over()
     os._exit(status)
 
 
-def _start() -> int:
+def _start(teardown: list[TeardownHelper]) -> int:
     limit = resource.getrlimit(resource.RLIMIT_AS)[0]
     if limit != resource.RLIM_INFINITY:
         if limit < MINIMUM_ADDRESS_SPACE:
@@ -62,17 +70,20 @@ def _start() -> int:
         threads = 1 + (limit - MINIMUM_ADDRESS_SPACE) // BLAS_THREAD_ADDRESS_SPACE
         os.environ.setdefault("OPENBLAS_NUM_THREADS", str(min(threads, os.cpu_count() or 1)))
         _share_one_malloc_arena()
-    # cuda mode: the driver starts while numpy is imported and the CNN read, before cli is even imported; but not
-    # under an address-space limit, where its reservations would leave OpenBLAS none (and it would abort).
+    # cuda mode: the driver starts while numpy is imported and the CNN read, before cli is even imported, shown only the
+    # GPUs the run names; but not under an address-space limit, where its reservations would leave OpenBLAS none (and it
+    # would abort). The teardown helper is forked first, while this process has no other thread.
     starting = None
     if sys.argv[1:2] == ["cuda"] and limit == resource.RLIM_INFINITY:
         from cnnlab.cuda.driver import start_driver
+        from cnnlab.cuda.teardown import TeardownHelper
 
+        teardown.append(TeardownHelper())
         starting = start_driver(_gpus_named(sys.argv[2:]))
     try:
         with interrupts.deferred():  # numpy and cnnlab imported with signals held (a few tenths of a second at most)
             from cnnlab.cli.main import main as cli_main
-        return cli_main()
+        return cli_main(process_ends=True)
     finally:
         if starting is not None:
             starting.join()

@@ -166,9 +166,9 @@ def test_bench_refuses_unknown_rows() -> None:
 
 @pytest.mark.gpu_if_present
 def test_bench_startup_rows_time_whole_processes_beside_the_floor(tmp_path: Path) -> None:
-    """cnnlab cpu on the default data, whole processes; with a GPU, the floors (a bare process that starts the driver,
-    exec to exit, and the driver's start alone inside it) and cuda mode above them; without one, a note saying why the
-    floor is missing."""
+    """cnnlab cpu on the default data, whole processes; with a GPU, the floor (the driver's start alone, inside a bare
+    process that is timed exec to exit too) and cuda mode above it; without one, a note saying why the floor is
+    missing."""
     result = cnnlab("bench", "--rows", "startup", "--repeats", "2", "--json", tmp_path / "b.json")
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "b.json").read_text())
@@ -176,9 +176,9 @@ def test_bench_startup_rows_time_whole_processes_beside_the_floor(tmp_path: Path
     cpu = next(row for row in report["startup"] if row["name"].startswith("cnnlab cpu"))
     assert 0 < cpu["spread"][0] <= cpu["seconds"] <= cpu["spread"][1] < 30
     if names[0].startswith("floor"):
-        floor, driver_start = report["startup"][:2]
+        floor, bare_process = report["startup"][:2]
         cuda = next(row for row in report["startup"] if row["name"].startswith("cnnlab cuda"))
-        assert 0 < driver_start["seconds"] < floor["seconds"] < cuda["seconds"]
+        assert 0 < floor["seconds"] < bare_process["seconds"] and floor["seconds"] < cuda["seconds"]
         assert f"+{cuda['seconds'] - floor['seconds']:.3f} s" in result.stdout
     else:
         assert names == [cpu["name"]] and "start-up floor not measured" in result.stdout

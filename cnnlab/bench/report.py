@@ -58,9 +58,8 @@ class Traffic(TypedDict, total=False):
 
 @dataclass(frozen=True)
 class Startup:
-    """A start-up row: seconds from a process's exec to its exit (median of the repeats, and their spread), or a
-    floor that cuda mode's cannot go under: a bare process that starts the driver, exec to exit (the rows' gaps are
-    measured from it), or the driver's start alone inside it."""
+    """A start-up row: seconds from a process's exec to its exit (median of the repeats, and their spread), or the
+    floor that cuda mode's cannot go under, the driver's start alone (the rows' gaps are measured from it)."""
 
     name: str
     seconds: float

@@ -1,7 +1,7 @@
 """`cnnlab bench`'s start-up rows: whole processes on the default data, from exec to exit, beside the floor that cuda
-mode cannot go under: a bare interpreter that starts the driver (cuInit and the primary context, through ctypes, as a
-few lines of C would) and exits, timed as a whole process too, and the driver's start alone inside it. The two floors
-differ by the process's exit, where the driver tears the context down: any process that starts it pays that.
+mode cannot go under: the driver's start (cuInit and the primary context, through ctypes, as a few lines of C would)
+timed inside a bare interpreter. That interpreter is timed as a whole process too: its exit, where the kernel closes
+the driver's files, tears the context down, which cuda mode leaves to a helper (cnnlab/cuda/teardown.py).
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ def bench_startup(options: BenchOptions) -> tuple[list[Startup], list[str]]:
             break
         driver_start.append(float(done.stdout))
     if len(driver_start) == options.repeats:
-        rows.append(_startup("floor: a bare process that starts the driver, exec to exit", floor))
         rows.append(_startup("floor: cuInit and the primary context alone (ctypes, in C's time)", driver_start))
+        rows.append(_startup("a bare process that starts the driver, exec to exit (its exit tears down)", floor))
     data = resource_dir("data")
     with tempfile.TemporaryDirectory(prefix="cnnlab-bench-") as folder:
         for mode in ("cpu", "cuda") if rows else ("cpu",):

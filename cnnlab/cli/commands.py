@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +18,7 @@ from cnnlab import interrupts
 from cnnlab.errors import STANDARD_STREAM, DeviceError, OutputFileError, UsageError, named, shown
 from cnnlab.files.labcsv import read_cnn
 from cnnlab.files.safety import STDOUT_FILE, AtomicOutput, OutputSet, output_target, refuse_same_file, writing
-from cnnlab.network import NO_TRACE, Tracer
+from cnnlab.network import NO_TRACE, Backend, Tracer
 from cnnlab.resources import resource_dir
 from cnnlab.run import RunStats, make_backend, run_network
 
@@ -31,12 +33,9 @@ def named_gpus(devices: str | None, device: int | None) -> list[int] | None:
     if devices is None:
         return None if device is None else [device]
     if devices == "all":
-        from cnnlab.cuda.driver import device_errors, import_driver
+        from cnnlab.cuda.driver import import_driver, visible_count
 
-        driver = import_driver()
-        with device_errors("cannot start CUDA"):
-            driver.init()
-            count = driver.Device.count()
+        count = visible_count(import_driver())
         if count == 0:
             raise DeviceError("no CUDA device found")
         return list(range(count))
@@ -71,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
     # Every write first (the outputs, --timing-json, --trace, the lab's line), every rename last: a failure or a signal
     # anywhere before leaves each path as it was.
     with OutputSet() as together:
-        with make_backend(args.mode, cnn, args.batch, args.host_parse, args.kernel, args.threads, gpus, trace) as backend:
+        backend = make_backend(args.mode, cnn, args.batch, args.host_parse, args.kernel, args.threads, gpus, trace)
+        with closed_on_failure(backend) if args.process_ends else backend:
             interrupts.raise_if_received()  # the backend's modules were imported just now
             stats = run_network(backend, input_path, output_path, args.read_ahead, together, trace)
             device = backend.device
@@ -85,6 +85,17 @@ def run(args: argparse.Namespace) -> int:
         say(f"{stats.work_microseconds} microseconds of actual work done", to_stderr=output.descriptor == 1)
         flush_stdout()
     return 0
+
+
+@contextmanager
+def closed_on_failure(backend: Backend) -> Iterator[Backend]:
+    """The backend, closed only where the run fails: after a run that succeeds the process ends at once, and its end
+    frees all the backend holds without the work of closing it (with a GPU, the helper takes the driver's teardown)."""
+    try:
+        yield backend
+    except BaseException:
+        backend.close()
+        raise
 
 
 def start_trace() -> Recorder:

@@ -22,11 +22,14 @@ from cnnlab.errors import CnnlabError, DeviceLostError, ResourceError, memory_li
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, process_ends: bool = False) -> int:
+    """Run the command `argv` (default: sys.argv's) and return its exit status. `process_ends`: the process ends as this
+    returns (`python -m cnnlab`), so a run that succeeds leaves its backend to the process's end instead of closing it."""
     try:
         interrupts.install()
         argv = sys.argv[1:] if argv is None else list(argv)
         args = build_parser(next((arg for arg in argv if not arg.startswith("-")), None)).parse_args(argv)
+        args.process_ends = process_ends
         interrupts.raise_if_received()  # a signal swallowed while the modules were imported still stops the run
         status = args.handler(args)
         flush_stdout()

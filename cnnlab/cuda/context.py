@@ -21,11 +21,13 @@ import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from cnnlab.arrays import DeviceArray, check_device_images, check_device_outputs, device_array, host_images
+from cnnlab.cuda import gpus
 from cnnlab.cuda.device_setup import DeviceSetup
 from cnnlab.cuda.driver import (
     DeviceAllocation,
@@ -35,6 +37,7 @@ from cnnlab.cuda.driver import (
     import_driver,
     pointer_device,
     synchronize_stream,
+    visible_count,
 )
 from cnnlab.cuda.kernels import FindNonFinite, SumSegments
 from cnnlab.cuda.ladder import LaunchConfig, launcher
@@ -42,7 +45,7 @@ from cnnlab.cuda.lanes import ChunkSource, CsvText, DeviceOutputs, HostImages, L
 from cnnlab.cuda.launchers import KERNEL_BUILD, Launcher
 from cnnlab.cuda.memory import Allocator, HostCopier, is_page_locked
 from cnnlab.cuda.nvcc import ensure_modules
-from cnnlab.errors import ArrayError, DeviceError, UsageError
+from cnnlab.errors import ArrayError, UsageError
 from cnnlab.network import (
     INPUT_DIM,
     NO_TRACE,
@@ -72,10 +75,6 @@ DEFAULT_TEXT_BATCH_IMAGES = 256
 # On the H100 machine (30,000 images, 8 rounds in turns) 2 ran the loop at 0.957 (0.889..1.154) of 3, 1 at 1.021.
 TEXT_CHUNKS = 2
 CLOSED = "this CudaContext is closed"  # what a call after close() raises (UsageError)
-
-
-def _numbered(count: int) -> str:
-    return "GPU 0" if count == 1 else f"GPUs 0 to {count - 1}"
 
 
 @dataclass
@@ -114,15 +113,10 @@ class CudaContext:
         modules = ensure_modules()
         self._context: DriverContext | None = None
         self._lanes: Lanes | None = None  # made last: None until then, and once closed
+        ordinal = gpus.ordinal(device, partial(visible_count, driver))
+        self.device_index = device
         with device_errors("cannot start CUDA"):
-            driver.init()
-            count = driver.Device.count()
-            if count == 0:
-                raise DeviceError("no CUDA device found")
-            if not 0 <= device < count:
-                raise DeviceError(f"there is no GPU {device}: this machine has {count} ({_numbered(count)})")
-            self.device_index = device
-            gpu = driver.Device(device)
+            gpu = driver.Device(ordinal)
             # The primary context, as the CUDA runtime uses: other libraries in the process share it.
             self._context = gpu.retain_primary_context()
             self._context.push()
@@ -248,6 +242,8 @@ class CudaContext:
         """An ArrayError unless `array` lies wholly in one allocation of this GPU's memory: a kernel that read elsewhere
         would fault and lose the context."""
         holder = pointer_device(array.address)
+        if holder is not None:
+            holder = gpus.number(holder)
         if holder is not None and holder != self.device_index:
             raise ArrayError(
                 f"{what} lie on GPU {holder}, and this context computes on GPU {self.device_index}: use device='cuda:{holder}' "

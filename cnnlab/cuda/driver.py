@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
 
+from cnnlab.cuda.gpus import show_only
 from cnnlab.errors import DeviceError, DeviceLostError, memory_limit_note
 
 
@@ -102,10 +103,10 @@ class Driver(Protocol):
     def pagelocked_empty(self, shape: int | tuple[int, ...], dtype: Any) -> Any: ...
 
 
-def _start(indices: list[int] | None) -> None:
-    """cuInit and the primary context of each GPU of `indices` (None: every GPU), or nothing where there is no driver:
-    cuda mode says so later, in one line. The contexts retained here are released by the process's end (a
-    CudaContext keeps its own reference)."""
+def _start(ordinals: list[int] | None) -> None:
+    """cuInit, then the primary context of each GPU of `ordinals` (None: every GPU the driver sees), all at once, a
+    thread each; or nothing where there is no driver: cuda mode says so later, in one line. The contexts retained
+    here are released by the process's end (a CudaContext keeps its own reference)."""
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
     except OSError:
@@ -113,16 +114,27 @@ def _start(indices: list[int] | None) -> None:
     count = ctypes.c_int()
     if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
         return
-    for index in range(count.value) if indices is None else indices:
-        device, context = ctypes.c_int(), ctypes.c_void_p()
-        if cuda.cuDeviceGet(ctypes.byref(device), index) == 0:
-            cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device)
+    wanted = sorted({ordinal for ordinal in (range(count.value) if ordinals is None else ordinals) if 0 <= ordinal < count.value})
+    others = [threading.Thread(target=_retain, args=(cuda, ordinal), name=f"cnnlab-cuda-start-{ordinal}") for ordinal in wanted[1:]]
+    for thread in others:
+        thread.start()
+    if wanted:
+        _retain(cuda, wanted[0])
+    for thread in others:
+        thread.join()
 
 
-def start_driver(indices: list[int] | None = None) -> threading.Thread:
-    """Start the driver and the GPUs of `indices` (None: every GPU) in the background; join the thread before the
-    process ends."""
-    thread = threading.Thread(target=_start, args=(indices,), name="cnnlab-cuda-start", daemon=True)
+def _retain(cuda: ctypes.CDLL, ordinal: int) -> None:
+    device, context = ctypes.c_int(), ctypes.c_void_p()
+    if cuda.cuDeviceGet(ctypes.byref(device), ordinal) == 0:
+        cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device)
+
+
+def start_driver(gpus: list[int] | None = None) -> threading.Thread:
+    """Start the driver and the GPUs numbered `gpus` (None: every GPU) in the background, the driver shown only those
+    where the user has not chosen (gpus.show_only); join the thread before the process ends."""
+    ordinals = None if gpus is None else show_only(gpus)
+    thread = threading.Thread(target=_start, args=(ordinals,), name="cnnlab-cuda-start", daemon=True)
     thread.start()
     return thread
 
@@ -150,6 +162,13 @@ def import_driver() -> Driver:
         note = memory_limit_note() if "failed to map" in str(error) else ""
         raise DeviceError(f"no CUDA driver: {error}{note}") from None
     return driver  # the module, untyped to the checker: Driver says what of it cnnlab uses
+
+
+def visible_count(driver: Driver) -> int:
+    """Start the driver (where it has not started); how many GPUs it sees."""
+    with device_errors("cannot start CUDA"):
+        driver.init()
+        return driver.Device.count()
 
 
 @contextmanager

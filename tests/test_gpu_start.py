@@ -1,0 +1,210 @@
+"""cuda mode's start and end: the driver shown only the GPUs a run names, numbered as the user numbers them
+(cnnlab/cuda/gpus.py), and the driver's teardown handed to a helper as the run leaves (cnnlab/cuda/teardown.py).
+
+The numbering's rules run everywhere against a stand-in for the driver's count; on a GPU machine, runs in subprocesses
+with the user's CUDA_VISIBLE_DEVICES unset and set check that the GPUs and the messages are the machine's.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import ROOT, SUBPROCESS_ENV, assert_one_line_error, cnnlab, random_cnn, why_no_gpu, write_files
+
+from cnnlab.cli import main as cli
+from cnnlab.cpu.backend import CpuBackend
+from cnnlab.cuda import gpus
+from cnnlab.errors import DeviceError
+from cnnlab.generate import random_values
+
+GPU = pytest.mark.skipif(why_no_gpu() is not None, reason=str(why_no_gpu()))
+
+
+@pytest.fixture
+def numbering(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gpus' state and CUDA_VISIBLE_DEVICES as a fresh process has them, restored after the test."""
+    monkeypatch.setattr(gpus, "_shown", None)
+    monkeypatch.delenv(gpus.VISIBLE, raising=False)
+
+
+def driver_seeing(count: int, fails: bool = False):  # noqa: ANN201 (a stand-in for driver.visible_count)
+    def visible_count() -> int:
+        if fails:
+            raise DeviceError("cannot start CUDA: cuInit failed: no CUDA-capable device is detected")
+        return count
+
+    return visible_count
+
+
+@pytest.mark.usefixtures("numbering")
+def test_the_driver_is_shown_the_named_gpus_and_ordinals_are_their_places(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert gpus.show_only([3, 1, 3]) == [1, 0, 1]
+    assert os.environ[gpus.VISIBLE] == "1,3"
+    assert gpus.ordinal(3, driver_seeing(2)) == 1 and gpus.ordinal(1, driver_seeing(2)) == 0
+    assert [gpus.number(0), gpus.number(1)] == [1, 3]
+
+
+@pytest.mark.usefixtures("numbering")
+@pytest.mark.parametrize("users", ["", "1", "GPU-abc", "0,1"])
+def test_a_users_own_visible_gpus_are_left_as_they_are(monkeypatch: pytest.MonkeyPatch, users: str) -> None:
+    monkeypatch.setenv(gpus.VISIBLE, users)
+    assert gpus.show_only([1]) == [1]
+    assert os.environ[gpus.VISIBLE] == users
+    assert gpus.ordinal(1, driver_seeing(2)) == 1 and gpus.number(1) == 1
+    with pytest.raises(DeviceError, match=r"^there is no GPU 2: this machine has 2 \(GPUs 0 to 1\)$"):
+        gpus.ordinal(2, driver_seeing(2))
+    with pytest.raises(DeviceError, match="cuInit failed"):
+        gpus.ordinal(0, driver_seeing(0, fails=True))
+
+
+@pytest.mark.usefixtures("numbering")
+@pytest.mark.parametrize(
+    ("named", "driver_finds", "fails", "machine", "message"),
+    [
+        ([4], 0, True, 4, r"there is no GPU 4: this machine has 4 \(GPUs 0 to 3\)"),  # cuInit finds nothing to start
+        ([0, 4], 1, False, 4, r"there is no GPU 4: this machine has 4 \(GPUs 0 to 3\)"),  # it stops at GPU 4
+        ([1], 0, True, 1, r"there is no GPU 1: this machine has 1 \(GPU 0\)"),
+        ([0], 0, True, 0, "cuInit failed"),  # no GPU at all: the driver's own words, as without the restriction
+        ([0], 0, True, 2, "cuInit failed"),  # a GPU that is there and did not start: the driver's words
+        ([0], 0, True, None, "cuInit failed"),  # no count to name
+    ],
+)  # fmt: skip
+def test_a_gpu_the_machine_lacks_is_named_with_the_machines_count(
+    monkeypatch: pytest.MonkeyPatch, named: list[int], driver_finds: int, fails: bool, machine: int | None, message: str
+) -> None:
+    """With the driver shown only the named GPUs, the count in the message is the machine's (NVML's), as it was when
+    the driver saw every GPU."""
+    monkeypatch.setattr(gpus, "machine_count", lambda: machine)
+    gpus.show_only(named)
+    with pytest.raises(DeviceError, match=message):
+        gpus.ordinal(named[-1], driver_seeing(driver_finds, fails))
+
+
+HANDS_OVER = """
+import os, sys
+from cnnlab.cuda.teardown import TeardownHelper
+held = int(sys.argv[1])  # the stand-in for a driver file: a pipe's write end, which the test reads
+helper = TeardownHelper(files=os.readlink(f"/proc/self/fd/{held}"))
+print(helper.pid, flush=True)
+sys.stdin.readline()  # the test has stopped the helper
+helper.hand_over()
+os._exit(3)
+"""
+
+
+def held_pipes(pid: int) -> list[str]:
+    """The pipes process `pid` holds open."""
+    links = []
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            links.append(os.readlink(f"/proc/{pid}/fd/{name}"))
+        except FileNotFoundError:
+            pass
+    return [link for link in links if link.startswith("pipe:")]
+
+
+def test_the_helper_closes_the_handed_files_after_the_process_is_gone() -> None:
+    """While the helper is stopped, the process has exited (its status is its own, its stdout has ended) and the file it
+    handed over is still open; once the helper runs, it is closed."""
+    read_end, write_end = os.pipe()
+    run = subprocess.Popen(
+        [sys.executable, "-c", HANDS_OVER, str(write_end)], env=SUBPROCESS_ENV, pass_fds=[write_end], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, text=True,
+    )
+    os.close(write_end)
+    try:
+        assert run.stdout is not None and run.stdin is not None
+        helper = int(run.stdout.readline())
+        deadline = time.monotonic() + 30
+        while held_pipes(helper):  # until the helper has closed what it inherited (the run's stdout among them)
+            assert time.monotonic() < deadline, held_pipes(helper)
+            time.sleep(0.001)
+        os.kill(helper, signal.SIGSTOP)
+        run.stdin.write("go\n")
+        run.stdin.flush()
+        assert run.stdout.read() == ""  # the process's stdout ended: the helper does not hold it
+        assert run.wait(timeout=30) == 3
+        assert select.select([read_end], [], [], 0.3)[0] == []  # no end of file: the helper holds the write end
+        os.kill(helper, signal.SIGCONT)
+        assert select.select([read_end], [], [], 30)[0] == [read_end] and os.read(read_end, 1) == b""
+    finally:
+        os.close(read_end)
+        run.kill()
+
+
+def test_a_run_that_ends_the_process_leaves_its_backend_open_and_one_that_fails_closes_it(
+    tmp_path: Path, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    closed: list[bool] = []
+    monkeypatch.setattr(CpuBackend, "close", lambda self: closed.append(True))
+    cnn_path, input_path = write_files(tmp_path, random_cnn(rng), random_values(rng, 3, 100, 100))
+    assert cli.main(["cpu", str(cnn_path), str(input_path), str(tmp_path / "out.csv")], process_ends=True) == 0
+    assert closed == [] and (tmp_path / "out.csv").exists()
+    assert cli.main(["cpu", str(cnn_path), str(input_path), str(tmp_path / "out2.csv")]) == 0
+    assert closed == [True]
+    (tmp_path / "bad.csv").write_text(input_path.read_text().replace("\n", "\nx,", 1))
+    assert cli.main(["cpu", str(cnn_path), str(tmp_path / "bad.csv"), str(tmp_path / "out3.csv")], process_ends=True) == 2
+    assert closed == [True, True] and not (tmp_path / "out3.csv").exists()
+
+
+STARTS_ONLY = """
+import sys
+from cnnlab.cuda.driver import start_driver
+from cnnlab.cuda.context import CudaContext
+from cnnlab.network import Cnn
+import numpy as np
+gpu = int(sys.argv[1])
+start_driver([gpu]).join()
+import pycuda.driver as driver
+rng = np.random.default_rng()
+with CudaContext(Cnn(rng.uniform(-1, 1, (10, 5, 5)), rng.uniform(-1, 1, (10, 4000))), device=gpu):
+    print(driver.Device.count(), driver.Context.get_device().pci_bus_id())
+"""
+BUS_IDS = "import pycuda.driver as d; d.init(); print(*[d.Device(i).pci_bus_id() for i in range(d.Device.count())])"
+
+
+def run_python(script: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    environment = {key: value for key, value in SUBPROCESS_ENV.items() if key != gpus.VISIBLE}
+    return subprocess.run(
+        [sys.executable, "-c", script, *args], env={**environment, **env}, capture_output=True, text=True, timeout=300
+    )
+
+
+@GPU
+@pytest.mark.gpu
+def test_a_run_starts_only_its_gpu_and_numbers_it_as_the_machine_does() -> None:
+    """Started for GPU N, the driver sees one GPU, and it is the one the machine numbers N (the same PCI bus)."""
+    machine = run_python(BUS_IDS)
+    assert machine.returncode == 0, machine.stderr
+    bus_ids = machine.stdout.split()
+    for gpu, bus_id in enumerate(bus_ids):
+        started = run_python(STARTS_ONLY, str(gpu))
+        assert started.returncode == 0, started.stderr
+        assert started.stdout.split() == ["1", bus_id]
+
+
+@GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("restricted", [False, True])
+def test_the_gpu_choice_faults_say_what_they_said_with_every_gpu_visible(tmp_path: Path, restricted: bool) -> None:
+    """The messages name the machine's GPUs whether the run restricts the driver (the user's CUDA_VISIBLE_DEVICES unset)
+    or the user lists every GPU; an empty or odd CUDA_VISIBLE_DEVICES is the driver's own one line."""
+    count = int(run_python("import pycuda.driver as d; d.init(); print(d.Device.count())").stdout)
+    numbered = "GPU 0" if count == 1 else f"GPUs 0 to {count - 1}"
+    env = {} if restricted else {gpus.VISIBLE: ",".join(map(str, range(count)))}
+    message = f"cnnlab: there is no GPU {count}: this machine has {count} ({numbered})\n"
+    out, cnn_file, input_file = tmp_path / "out.csv", ROOT / "data/cnn.csv", ROOT / "data/in.csv"
+    assert assert_one_line_error(cnnlab("cuda", cnn_file, input_file, out, "--device", str(count), env=env)) == message
+    assert assert_one_line_error(cnnlab("cuda", cnn_file, input_file, out, "--devices", f"0,{count}", env=env)) == message
+    for odd in ("", "-1", "GPU-no-such-uuid"):
+        assert "cannot start CUDA" in assert_one_line_error(cnnlab("cuda", cnn_file, input_file, out, env={gpus.VISIBLE: odd}))
+    assert not out.exists()
+    assert cnnlab("cuda", cnn_file, input_file, out, env=env).returncode == 0
