@@ -1,5 +1,5 @@
-"""The network's constants and typed containers (the lab's cnn.rs), and the Backend protocol that the CPU and CUDA
-backends share.
+"""The network's constants and typed containers (the lab's cnn.rs), and the Tracer protocol that a run's parts time
+themselves through.
 
 Each container checks shape, dtype and contiguity once, when it is made, so the backends
 can trust what they are handed.
@@ -13,16 +13,11 @@ import os
 import resource
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from cnnlab.errors import ArrayError, ResourceError, UsageError, byte_size, memory_limit_note
-
-if TYPE_CHECKING:
-    from typing import Self
-
-    from cnnlab.files.csv_batch import CsvBatch
 
 # One word per idea for sizes, everywhere in cnnlab:
 #   image    one 100x100 input matrix; its outputs are one row of OUT_LAYER_SIZE values.
@@ -233,14 +228,6 @@ class OutputBatch:
         return len(self.values)
 
 
-@dataclass(frozen=True)
-class TextBatching:
-    """How a backend that parses CSV itself takes its text: images per compute() call, and per chunk on the device."""
-
-    batch_images: int
-    chunk_images: int
-
-
 class Tracer(Protocol):
     """What a run's parts tell --trace of their time (cnnlab/trace/recorder.py records it). NO_TRACE, where no trace was
     asked for, records nothing and imports nothing: a span then costs a call."""
@@ -293,48 +280,3 @@ class _NoTrace:
 
 
 NO_TRACE: Tracer = _NoTrace()
-
-
-class Backend(Protocol):
-    """What the command line needs of a backend: the CPU and the CUDA one both provide it."""
-
-    name: str  # "cpu" or "cuda"
-    device: str  # what it runs on, in words
-    threads: int  # the host threads it runs on, and the input's reader with it
-    reads_in_place: bool  # compute() reads any host memory as fast as its own buffers: a mapped file's images go in place
-
-    @property
-    def batch_size(self) -> int | None:
-        """Images per compute() call that suit this backend; None: the reader's step, which suits it."""
-        ...
-
-    @property
-    def csv_text(self) -> TextBatching | None:
-        """Not None: compute() also takes CSV text (csv_batch.CsvBatch), parsed on the backend's device."""
-        ...
-
-    def allocate_images(self, count: int) -> np.ndarray:
-        """A host buffer of shape (count, 100, 100) that compute() reads fastest from."""
-        ...
-
-    def allocate_text(self, nbytes: int) -> np.ndarray:
-        """A host byte buffer that CSV text for compute() is read into (where csv_text is set)."""
-        ...
-
-    def free_text(self, buffer: np.ndarray) -> None:
-        """Give back a buffer allocate_text() made."""
-        ...
-
-    def compute(self, batch: ImageBatch | CsvBatch, check_finite: bool = False) -> OutputBatch:
-        """The network's outputs for every image of the batch (CSV text only where csv_text is set), in order;
-        `check_finite`: an ArrayError where an image holds a NaN or an infinity (for images no parser has checked: a
-        .npy file's)."""
-        ...
-
-    def close(self) -> None:
-        """Free what the backend holds (a GPU's context last)."""
-        ...
-
-    def __enter__(self) -> Self: ...
-
-    def __exit__(self, *exc_info: object) -> None: ...

@@ -2,7 +2,7 @@
 the backends of Dask's workers (dask_forward.py).
 
 Not in run.py, beside the Prefetcher, the run's other thread: run.py imports cuda/spread.py (for --devices), and
-spread.py importing run.py back would close a circle. It imports only what a backend is (network.py).
+spread.py importing run.py back would close a circle. It imports only what a backend is (backend.py).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from cnnlab.backend import Backend
 from cnnlab.interrupts import join_through_signals
-from cnnlab.network import Backend
 
 if TYPE_CHECKING:
     from concurrent.futures import Future

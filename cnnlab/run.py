@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from cnnlab.backend import Backend, Batch
 from cnnlab.errors import ArrayError, InputFileError
 from cnnlab.files.csv_batch import CsvBatch
 from cnnlab.files.csv_reader import CsvImageReader
@@ -29,10 +30,8 @@ from cnnlab.files.formats import ImageReader, OutputWriter, open_images, open_ou
 from cnnlab.files.npy import VIEW_IMAGES, NpyImageReader
 from cnnlab.files.safety import OutputSet
 from cnnlab.interrupts import held, join_through_signals
-from cnnlab.network import IMAGE_BYTES, NO_TRACE, Backend, Cnn, ImageBatch, OutputBatch, Tracer, first_nonfinite, fits
+from cnnlab.network import IMAGE_BYTES, NO_TRACE, Cnn, ImageBatch, OutputBatch, Tracer, first_nonfinite, fits
 from cnnlab.progress import Progress
-
-Batch = ImageBatch | CsvBatch
 
 
 @dataclass(frozen=True)

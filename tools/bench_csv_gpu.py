@@ -1,4 +1,5 @@
 """Time kernel/csv.cu's kernels in GB/s of text, with CUDA events (needs nvcc, pycuda and a GPU).
+Run by tools/gpu-check.sh's `parsers` stage (BENCHMARKS.md section 3: csv.cu's kernels).
 
     python tools/bench_csv_gpu.py IN_CSV [--block-mb 4 8 16] [--lanes 1 3] [--repeats 7] [--json PATH]
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
 """The Dask path on one GPU against CudaContext.forward, on the same images from a .npy file in the page cache.
+Run by tools/gpu-check.sh's `dask` stage, after the Dask tests (BENCHMARKS.md section 5).
 
     python tools/bench_dask.py [--images N] [--block B] [--repeats R] [--seed S] [--device cpu|cuda]
 

@@ -1,4 +1,5 @@
 """Time the native CSV parser (cnnlab.files._lab_csv) in MB/s of text, on 1 thread and on several.
+Run by tools/gpu-check.sh's `parsers` stage, on 1 to 16 threads.
 
     python tools/bench_lab_csv.py [--images 1000] [--dir /tmp/x] [--threads 1 2] [--repeats 5]
 

@@ -1,4 +1,5 @@
 """The CSV parser's rate on one core and on many, against std::from_chars on the same text and threads.
+Run by tools/gpu-check.sh's `parser` stage (BENCHMARKS.md section 2); on a machine without a GPU, by hand.
 
     python tools/bench_parser.py [--images 2000] [--dir /tmp/parser] [--core 0] [--threads 1 2 4 8 16] [--pairs 7]
 

@@ -1,5 +1,7 @@
 """The bound of cuda mode's CSV loop: how fast the host reads a file into page-locked windows, alone and while the GPU
 copies each window in, as the loop does (without the parse, the network or any Python between reads).
+No stage of tools/gpu-check.sh runs it: it is run by hand beside `cnnlab cuda` on the same file
+(BENCHMARKS.md sections 3 and 8).
 
     python3 tools/bench_read_bound.py IN_CSV [--mb 48] [--threads 16] [--repeats 3]
 

@@ -1,4 +1,5 @@
 """Write kernel/lab_pow5_table.h: the 128-bit truncated powers of five that Eisel-Lemire multiplies by.
+It measures nothing, and no stage of tools/gpu-check.sh runs it: it is run by hand where the table's rule changes.
 
     python tools/gen_pow5_table.py            # rewrites kernel/lab_pow5_table.h
     python tools/gen_pow5_table.py --check    # exit 1 if the committed file differs from what it would write

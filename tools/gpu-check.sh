@@ -3,10 +3,10 @@
 # tool): install the wheels in .wheelhouse (PyCUDA and its needs), build the native CSV parser for
 # this Python and the kernels' fatbins, then the stages asked for. Logs and figures go to $OUT
 # (default out/gpu); big files to $WORK (default /tmp).
-#   tools/gpu-check.sh [tests] [bench] [bar] [startup] [npy] [memory] [failrate] [long] [ladder]   (default: all)
+#   tools/gpu-check.sh [STAGE ...]   (default: tests bench bar startup npy memory failrate long ladder)
 #   tests     every test, GPU ones and the fuzz tests' long profiles (--long) included, on every core
 #   bench     cnnlab bench, every row, with --json and --plot
-#   ladder    the optimization ladder: its tests, the top rung's tuning sweep and SASS counts,
+#   ladder    the optimization ladder: its tests, the top rungs' tuning sweeps (tools/ladder_sweep.py) and SASS counts,
 #             then cnnlab bench --rows kernels,peers with --json and --plot
 #   bar       10,000 CSV images: cpu, cuda (CSV parsed on the GPU) and cuda --host-parse agree, and their wall times
 #             (also cpu --no-read-ahead and cuda --batch 512)
@@ -16,15 +16,17 @@
 #   failrate  100,000 images: how many outputs fail the lab's comparison, cuda against cpu
 #   long      200,000 images from .npy through cuda: a long run's wall time, rate and memory
 #   crossover cpu against cuda on CSV files of 4 to 3,000 images: from how many images the GPU pays off
-#   parsers   the native CSV parser on 1..16 threads (MB/s) and csv.cu's kernels (GB/s of text), 1,000 images; each stage
-#             of cpu mode's CSV reading alone on 1..16 threads (tools/profile_cpu_csv.py, 2,000 images)
+#   parsers   the native CSV parser on 1..16 threads (MB/s, tools/bench_lab_csv.py) and csv.cu's kernels (GB/s of text,
+#             tools/bench_csv_gpu.py), 1,000 images; each stage of cpu mode's CSV reading alone on 1..16 threads
+#             (tools/profile_cpu_csv.py, 2,000 images)
 #   cpu       cnnlab bench's cpu and reader rows on every core and on one: the forward against the memory bound, the
 #             plain loop, numpy and PyTorch on the CPU; the CSV reader against numpy.loadtxt and Polars
 #   parser    the CSV parser alone: the pinned one-thread run's CSV time over its .npy time, each row parser against
 #             std::from_chars on one core, 1..16 threads' scaling (tools/bench_parser.py, 2,000 images); the bench's
 #             reader rows (a ~1 GB file, the reader against from_chars on the same threads); then the
 #             30,000-image cpu job's wall (5.6 GB, page cache), three runs
-#   cpujob    30,000 CSV images (5.6 GB, page cache): cnnlab cpu's wall time, three runs, against cuda's, outputs compared
+#   cpujob    30,000 CSV images (5.6 GB, page cache): cnnlab cpu's wall time, three runs, against cuda's, outputs compared,
+#             and each mode's phases (tools/profile_startup.py)
 #   trace     the same job in cpu and cuda mode without and with --trace, in turns in one process (the loop's seconds and
 #             their ratio: tools/trace_overhead.py), a trace of each drawn by trace-plot into $OUT, and tests/test_trace.py
 #   two       rung 12 (the card's two kernels, rung 9's conv and rung 7's dense) at several pass sizes beside rungs 6
@@ -33,6 +35,7 @@
 #             path on one GPU against CudaContext.forward on the same .npy images (tools/bench_dask.py; Dask's wheels
 #             travel in .wheelhouse)
 #   tune      cpu mode's CSV reader on every core with other shares of its threads reading ahead and other steps
+#             (tools/profile_cpu_csv.py)
 #   profile   where cpu and cuda mode's time goes on the default data, from the process's start to its exit
 #             (tools/profile_startup.py), beside the driver's own start in C through ctypes (the floor)
 #   sweep     the page-locked row against the copy bound for a few chunk sizes and stream counts

@@ -11,7 +11,8 @@ device-to-device copy of those images, its outputs checked against the CPU's und
     python tools/ladder_sweep.py [fused] [two] [--images N] [--repeats R] [--seed S]
 
 Prints one line a variant: images/s (median, slowest..fastest), share of the bound, and the check; for the
-fused rungs also registers a thread, shared memory a block and blocks per multiprocessor.
+fused rungs also registers a thread, shared memory a block and blocks per multiprocessor. Run by tools/gpu-check.sh's
+`ladder` stage (both sweeps) and `two` stage (`two` alone: BENCHMARKS.md section 4).
 """
 
 from __future__ import annotations

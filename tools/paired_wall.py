@@ -1,4 +1,6 @@
 """Two commands timed as whole processes in turns, A B A B ..., and the ratio A/B taken pair by pair.
+No stage of tools/gpu-check.sh runs it: it is run by hand, on any machine (the 2-core machine, which has no GPU,
+among them); tools/trace_overhead.py takes its spread().
 
     python tools/paired_wall.py [--pairs 25] --a "COMMAND A" --b "COMMAND B"
 
@@ -6,8 +8,7 @@ Each command is one string split as a shell splits words, run with its output th
 pair that warms the caches and the bytecode (cnnlab.bench.report.alternated_seconds, as `cnnlab bench` times its
 peers). Taking turns keeps the ratio meaningful on a machine whose speed drifts during the call (a shared one):
 each pair runs in the same spell. Prints the median (min..max) wall seconds of A and of B, and of A/B over the
-pairs: quote the median. BENCHMARKS.md's 2-core whole-process comparisons (cpu mode on 2,000 .npy or CSV images
-against an older tree) are this, with each tree on PYTHONPATH.
+pairs: quote the median. BENCHMARKS.md's 2-core whole-process runs (cpu mode on 2,000 .npy images) are this.
 """
 
 from __future__ import annotations

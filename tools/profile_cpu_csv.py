@@ -1,4 +1,5 @@
 """Where cpu mode's CSV reading goes as the threads grow: each stage of the reader alone, in GB/s of text.
+Run by tools/gpu-check.sh's `parsers` stage (1 to 16 threads) and `tune` stage (the shares and steps).
 
     python tools/profile_cpu_csv.py IN_CSV [--threads 1 2 4 8 16] [--repeats 3] [--ahead-share 1 4] [--step 16 64]
 

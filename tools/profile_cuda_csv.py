@@ -1,4 +1,6 @@
 """Where `cnnlab cuda` spends its time on a CSV file: each step's total per thread, for a few text batches.
+No stage of tools/gpu-check.sh runs it: it is run by hand after tools/bench_read_bound.py (BENCHMARKS.md
+sections 3 and 8).
 
     python tools/profile_cuda_csv.py CNN_CSV IN_CSV [--batches 256 512] [--runs 2]
 

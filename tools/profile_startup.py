@@ -1,4 +1,5 @@
 """Where a run's time goes, from the process's start to its exit: each phase's start and length, on its thread.
+Run by tools/gpu-check.sh's `profile` stage (the default data) and `cpujob` stage (the 30,000-image job).
 
     python tools/profile_startup.py cpu|cuda [CNN_FILE INPUT_FILE OUTPUT_FILE] [cnnlab options]
 

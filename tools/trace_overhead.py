@@ -1,5 +1,6 @@
 """What --trace costs a run's loop: the same files through `cnnlab MODE` without and with a trace, in turns (A B B A A B
 ...), the loop's seconds of each, and the ratio with/without taken pair by pair.
+Run by tools/gpu-check.sh's `trace` stage.
 
     python tools/trace_overhead.py MODE CNN_FILE INPUT_FILE --trace PATH [--runs 3]
 
@@ -8,7 +9,7 @@ streams and kernels tell a recorder their time, one that tells nothing), so that
 no process's start: a whole run's start-up varies by more than the trace costs its loop, and this way a call holds
 several times the pairs. A last run through the command line with --trace keeps its trace at PATH (.json or .json.gz),
 for `cnnlab trace-plot`. Prints each pair's loop seconds, the median (min..max) of each side and of the ratio, and a 90%
-interval of the ratio's median (resampled pairs): docs/trace.md's overhead figures are this (tools/gpu-check.sh trace).
+interval of the ratio's median (resampled pairs): docs/trace.md's overhead figures are this.
 
 A loop still varies by more than the trace costs it, so the tool also gives the main thread's share, steadier: each
 pair's difference in compute()'s seconds (the main thread queues every chunk's copies and kernels and records every

@@ -30,9 +30,9 @@ from cnnlab.network import (
 )
 
 if TYPE_CHECKING:
+    from cnnlab.backend import Batch
     from cnnlab.cpu import _forward
     from cnnlab.cpu.numpy_forward import NumpyForward
-    from cnnlab.files.csv_batch import CsvBatch
 
 Forward: type[_forward.Forward] | None
 try:
@@ -89,7 +89,7 @@ class CpuBackend(HostMemory):
         """A buffer on pages of its own, huge where the kernel gives them: the reader fills it with few faults."""
         return own_pages(count * IMAGE_BYTES, "an image buffer").view(np.float64).reshape(count, INPUT_DIM, INPUT_DIM)
 
-    def compute(self, batch: ImageBatch | CsvBatch, check_finite: bool = False) -> OutputBatch:
+    def compute(self, batch: Batch, check_finite: bool = False) -> OutputBatch:
         """The batch's outputs; `check_finite`: an ArrayError where an image holds a NaN or an infinity."""
         assert isinstance(batch, ImageBatch)  # CSV text comes only to a backend with csv_text set
         outputs = np.empty((len(batch), OUT_LAYER_SIZE))

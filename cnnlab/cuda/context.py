@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from cnnlab.arrays import DeviceArray, check_device_images, check_device_outputs, device_array, host_images
+from cnnlab.backend import TextBatching
 from cnnlab.cuda import gpus
 from cnnlab.cuda.device_setup import DeviceSetup
 from cnnlab.cuda.driver import (
@@ -53,14 +54,13 @@ from cnnlab.network import (
     Cnn,
     ImageBatch,
     OutputBatch,
-    TextBatching,
     Tracer,
     default_threads,
     require_finite,
 )
 
 if TYPE_CHECKING:
-    from cnnlab.files.csv_batch import CsvBatch
+    from cnnlab.backend import Batch
 
 # Images per compute() call from the command line: the run's two page-locked buffers stay at ~330 MB.
 DEFAULT_BATCH_IMAGES = 2048
@@ -177,7 +177,7 @@ class CudaContext:
     def free(self, images: DeviceImages) -> None:
         self.memory.free(images.allocation)
 
-    def compute(self, batch: ImageBatch | CsvBatch, check_finite: bool = False) -> OutputBatch:
+    def compute(self, batch: Batch, check_finite: bool = False) -> OutputBatch:
         """Outputs for a host batch of images, or of CSV text (csv_batch.CsvBatch) parsed here on the device (its values
         are finite: the parser refuses the rest). `check_finite`: an ArrayError where an image holds a NaN or an infinity."""
         if isinstance(batch, ImageBatch):

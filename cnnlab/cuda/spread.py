@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from cnnlab.files.csv_batch import CsvBatch
-from cnnlab.network import Backend, ImageBatch, OutputBatch, TextBatching
+from cnnlab.backend import Backend, Batch, TextBatching
+from cnnlab.network import ImageBatch, OutputBatch
 from cnnlab.owner import BackendOwner
 
 
@@ -54,7 +54,7 @@ class Spread:
     def free_text(self, buffer: np.ndarray) -> None:
         self._backends[0].free_text(buffer)
 
-    def compute(self, batch: ImageBatch | CsvBatch, check_finite: bool = False) -> OutputBatch:
+    def compute(self, batch: Batch, check_finite: bool = False) -> OutputBatch:
         """The outputs of every image of the batch, in order, its shares computed on the GPUs at once."""
         if isinstance(batch, ImageBatch):
             share = math.ceil(len(batch) / len(self._owners))

@@ -1,0 +1,76 @@
+"""What a run needs of a backend: the Backend protocol that the CPU and CUDA backends share, Batch (what its compute()
+takes) and TextBatching (how a backend that parses CSV itself takes its text).
+
+Batch joins the two kinds of batch a run reads: images (network.py's ImageBatch) and the input file's text
+(files/csv_batch.py's CsvBatch, which the reader makes). This module stands above both, so that network.py, below
+files/, needs nothing of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+from cnnlab.files.csv_batch import CsvBatch
+from cnnlab.network import ImageBatch, OutputBatch
+
+if TYPE_CHECKING:
+    from typing import Self
+
+# What compute() takes: a batch of images, or (where csv_text is set) a batch of the input file's text.
+Batch = ImageBatch | CsvBatch
+
+
+@dataclass(frozen=True)
+class TextBatching:
+    """How a backend that parses CSV itself takes its text: images per compute() call, and per chunk on the device."""
+
+    batch_images: int
+    chunk_images: int
+
+
+class Backend(Protocol):
+    """What the command line needs of a backend: the CPU and the CUDA one both provide it."""
+
+    name: str  # "cpu" or "cuda"
+    device: str  # what it runs on, in words
+    threads: int  # the host threads it runs on, and the input's reader with it
+    reads_in_place: bool  # compute() reads any host memory as fast as its own buffers: a mapped file's images go in place
+
+    @property
+    def batch_size(self) -> int | None:
+        """Images per compute() call that suit this backend; None: the reader's step, which suits it."""
+        ...
+
+    @property
+    def csv_text(self) -> TextBatching | None:
+        """Not None: compute() also takes CSV text (a CsvBatch), parsed on the backend's device."""
+        ...
+
+    def allocate_images(self, count: int) -> np.ndarray:
+        """A host buffer of shape (count, 100, 100) that compute() reads fastest from."""
+        ...
+
+    def allocate_text(self, nbytes: int) -> np.ndarray:
+        """A host byte buffer that CSV text for compute() is read into (where csv_text is set)."""
+        ...
+
+    def free_text(self, buffer: np.ndarray) -> None:
+        """Give back a buffer allocate_text() made."""
+        ...
+
+    def compute(self, batch: Batch, check_finite: bool = False) -> OutputBatch:
+        """The network's outputs for every image of the batch (CSV text only where csv_text is set), in order;
+        `check_finite`: an ArrayError where an image holds a NaN or an infinity (for images no parser has checked: a
+        .npy file's)."""
+        ...
+
+    def close(self) -> None:
+        """Free what the backend holds (a GPU's context last)."""
+        ...
+
+    def __enter__(self) -> Self: ...
+
+    def __exit__(self, *exc_info: object) -> None: ...
