@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cnnlab import interrupts
+from cnnlab.backend import Backend
 from cnnlab.errors import STANDARD_STREAM, DeviceError, OutputFileError, UsageError, named, shown
 from cnnlab.files.labcsv import read_cnn
 from cnnlab.files.safety import STDOUT_FILE, AtomicOutput, OutputSet, output_target, refuse_same_file, writing
-from cnnlab.network import NO_TRACE, Backend, Tracer
+from cnnlab.network import NO_TRACE, Tracer
 from cnnlab.resources import resource_dir
 from cnnlab.run import RunStats, make_backend, run_network
 
