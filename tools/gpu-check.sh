@@ -10,6 +10,9 @@
 #             then cnnlab bench --rows kernels,peers with --json and --plot
 #   bar       10,000 CSV images: cpu, cuda (CSV parsed on the GPU) and cuda --host-parse agree, and their wall times
 #             (also cpu --no-read-ahead and cuda --batch 512)
+#   gpus      cuda mode started for GPU 0 (and for GPUs 0 and 1) against the same runs with CUDA_VISIBLE_DEVICES set to
+#             those GPUs, whole processes in turns, a second's settle before each (tools/paired_wall.py); then what the
+#             host can feed 1..N GPUs copying at once (tools/h2d_bound.py)
 #   startup   the default data (4 images) in cpu and cuda mode, three times each: wall time and start-up
 #   npy       65,536 images in a .npy file in the page cache: the compute loop's rate
 #   memory    peak RSS of 2,000 and 20,000 images, cpu and cuda, CSV and .npy
@@ -111,6 +114,18 @@ for stage in $stages; do
         cmp "$WORK/bar/out_cuda.csv" "$WORK/bar/out_cudahostparse.csv" && echo "cuda: GPU-parsed and host-parsed outputs are identical"
       } 2>&1 | tee "$OUT/bar.log" || status=1
       rm -rf "$WORK/bar" ;;
+    gpus)
+      {
+        gpus=$(nvidia-smi -L | wc -l)
+        run="python3 -m cnnlab cuda data/cnn.csv data/in.csv $WORK/gpus.csv"
+        echo "cuda on GPU 0 (A) against the same with CUDA_VISIBLE_DEVICES=0 (B), the default data, of $gpus GPUs:"
+        python3 tools/paired_wall.py --pairs 7 --settle 1 --a "$run" --b "env CUDA_VISIBLE_DEVICES=0 $run"
+        if [ "$gpus" -ge 2 ]; then
+          echo "--devices 0,1 (A) against the same with CUDA_VISIBLE_DEVICES=0,1 (B):"
+          python3 tools/paired_wall.py --pairs 7 --settle 1 --a "$run --devices 0,1" --b "env CUDA_VISIBLE_DEVICES=0,1 $run --devices 0,1"
+        fi
+        python3 tools/h2d_bound.py --file "$WORK/h2d.bin"
+      } 2>&1 | tee "$OUT/gpus.log" || status=1 ;;
     startup)
       for run in 1 2 3; do
         for mode in cpu cuda; do

@@ -2,13 +2,15 @@
 No stage of tools/gpu-check.sh runs it: it is run by hand, on any machine (the 2-core machine, which has no GPU,
 among them); tools/trace_overhead.py takes its spread().
 
-    python tools/paired_wall.py [--pairs 25] --a "COMMAND A" --b "COMMAND B"
+    python tools/paired_wall.py [--pairs 25] [--settle 0] --a "COMMAND A" --b "COMMAND B"
 
 Each command is one string split as a shell splits words, run with its output thrown away, after one uncounted
 pair that warms the caches and the bytecode (cnnlab.bench.report.alternated_seconds, as `cnnlab bench` times its
 peers). Taking turns keeps the ratio meaningful on a machine whose speed drifts during the call (a shared one):
 each pair runs in the same spell. Prints the median (min..max) wall seconds of A and of B, and of A/B over the
-pairs: quote the median. BENCHMARKS.md's 2-core whole-process runs (cpu mode on 2,000 .npy images) are this.
+pairs: quote the median. BENCHMARKS.md's 2-core whole-process runs (cpu mode on 2,000 .npy images) are this, and so
+are the several-GPU start-up rows (the `gpus` stage of tools/gpu-check.sh), with --settle: a cuda run's helper tears the
+driver down just after the run ends, and without a wait the next run would share the GPU with that.
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ def main() -> None:
     parser.add_argument("--a", required=True, help="command A, one string")
     parser.add_argument("--b", required=True, help="command B (the baseline), one string")
     parser.add_argument("--pairs", type=int, default=25)
+    parser.add_argument("--settle", type=float, default=0.0, help="seconds waited, untimed, before each run")
     args = parser.parse_args()
     run = partial(subprocess.run, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
-    a, b = alternated_seconds([partial(run, shlex.split(args.a)), partial(run, shlex.split(args.b))], args.pairs)
+    a, b = alternated_seconds([partial(run, shlex.split(args.a)), partial(run, shlex.split(args.b))], args.pairs, args.settle)
     print(f"A wall s   {spread(a)}")
     print(f"B wall s   {spread(b)}")
     print(f"A/B wall   {spread([x / y for x, y in zip(a, b)])}   ({args.pairs} pairs)")

@@ -106,12 +106,14 @@ class BenchReport:
     numpy: str = np.__version__
 
 
-def alternated_seconds(runs: list[Callable[[], object]], repeats: int) -> list[list[float]]:
+def alternated_seconds(runs: list[Callable[[], object]], repeats: int, settle: float = 0.0) -> list[list[float]]:
     """The seconds of each run's `repeats` calls, the runs taking turns after one more call each that warms the caches and
-    is not counted: a slower spell of the machine then slows each run alike, and their ratios, turn by turn, hold."""
+    is not counted: a slower spell of the machine then slows each run alike, and their ratios, turn by turn, hold.
+    `settle`: seconds waited, untimed, before each call, so that what a call leaves running (a GPU's teardown) is done."""
     seconds: list[list[float]] = [[] for _ in runs]
     for turn in range(repeats + 1):
         for run, times in zip(runs, seconds):
+            time.sleep(settle)
             start = time.perf_counter()
             run()
             if turn:
