@@ -2,6 +2,8 @@
 
 context.py     CudaContext: owns the driver context, the modules, the weights, the lanes and the memory
 driver.py      the driver started early, imported through PyCUDA (typed here: Driver), its errors as one-line DeviceErrors
+gpus.py        which GPUs the driver is shown (the command line: only its run's), and the user's numbers for its ordinals
+teardown.py    the helper, forked before the driver starts, that closes the driver's files after the run's process ends
 memory.py      Allocator: device and page-locked host memory
 lanes.py       Lanes: a call's chunks dealt over streams; where a chunk's images come from and its outputs go
 kernels.py     kernel/kernel.cu's sizes, defined once, and one launcher per kernel
