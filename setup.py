@@ -1,12 +1,13 @@
 """What setup.cfg cannot say: the native code (the CSV parser and the CPU forward) and the kernels' fatbins.
 
-The CSV parser, cnnlab.files._lab_csv, is built from native/lab_csv_module.cpp with kernel/lab_csv.h,
-the format's rules it shares with the CUDA parser; the CPU forward, cnnlab.cpu._forward, from
-native/cpu_forward.cpp, with the network's sizes from cnnlab/network.py and -ffp-contract=off (every
-multiply and add rounded on its own, as cpu.rs computes); the guard that lets cpu mode map .npy
-files, cnnlab.files._mapped_guard, from native/mapped_guard.cpp. All are optional: where one cannot
-be compiled the install still succeeds, with one line saying what to install, and cnnlab uses its
-Python and numpy twin instead (for the guard: the file is read, not mapped).
+The CSV parser, cnnlab.files._lab_csv, is built from native/lab_csv_module.cpp, the stages it includes
+(native/lab_csv_*.h) and kernel/lab_csv.h, the format's rules it shares with the CUDA parser; the CPU
+forward, cnnlab.cpu._forward, from native/cpu_forward.cpp, with the network's sizes from
+cnnlab/network.py and -ffp-contract=off (every multiply and add rounded on its own, as cpu.rs
+computes); the guard that lets cpu mode map .npy files, cnnlab.files._mapped_guard, from
+native/mapped_guard.cpp. All are optional: where one cannot be compiled the install still succeeds,
+with one line saying what to install, and cnnlab uses its Python and numpy twin instead (for the
+guard: the file is read, not mapped).
 
 The fatbins are built with nvcc, where it is on the PATH, before a wheel or an sdist is made, so
 that the package carries them (setup.cfg's package data) and `cnnlab cuda` runs where only the
@@ -18,6 +19,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from glob import glob
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -105,7 +107,7 @@ setup(
             "cnnlab.files._lab_csv",
             ["native/lab_csv_module.cpp"],
             include_dirs=["kernel", "native"],
-            depends=["kernel/lab_csv.h", "kernel/lab_pow5_table.h", "native/isa_table.h", "native/lab_csv_simd.h", "native/pool.h"],
+            depends=["kernel/lab_csv.h", "kernel/lab_pow5_table.h", "native/isa_table.h", "native/pool.h", *glob("native/lab_csv_*.h")],
             extra_compile_args=["-O3", "-std=c++17", "-fvisibility=hidden", "-pthread"],
             extra_link_args=["-pthread"],
             language="c++",

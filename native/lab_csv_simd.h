@@ -1,5 +1,5 @@
 // The host's vector row parsers for the lab's CSV, AVX2 and AVX-512 (host only: g++, never nvcc), chosen at run time
-// (native/lab_csv_module.cpp: __builtin_cpu_supports), as the forward's kernels are; the extension is built for any
+// (native/lab_csv_row.h: __builtin_cpu_supports), as the forward's kernels are; the extension is built for any
 // x86-64, so these functions carry their own target attribute.
 //
 // AVX2.

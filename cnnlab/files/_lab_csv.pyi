@@ -1,5 +1,5 @@
-"""cnnlab.files._lab_csv, compiled from native/lab_csv_module.cpp: the lab's CSV walked and parsed natively
-(kernel/lab_csv.h's rules), the GIL released."""
+"""cnnlab.files._lab_csv, compiled from native/lab_csv_module.cpp and the stages it includes (native/lab_csv_*.h, each
+function's full contract beside it): the lab's CSV walked and parsed natively (kernel/lab_csv.h's rules), the GIL released."""
 
 import numpy as np
 import numpy.typing as npt
