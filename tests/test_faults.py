@@ -18,7 +18,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import SUBPROCESS_ENV, TIMING_LINE, assert_one_line_error, cnnlab, cpu_outputs, random_cnn, why_no_gpu, write_files
+from helpers import (
+    SUBPROCESS_ENV,
+    TIMING_LINE,
+    assert_one_line_error,
+    assert_quoted,
+    cnnlab,
+    cpu_outputs,
+    random_cnn,
+    why_no_gpu,
+    write_files,
+)
 
 from cnnlab.cli import main as cli
 from cnnlab.cpu.backend import CpuBackend
@@ -696,17 +706,27 @@ def test_a_hang_up_is_129_and_nohup_keeps_running(tmp_path: Path, rng: np.random
 
 
 def test_convert_and_a_run_refuse_values_the_csv_cannot_hold(tmp_path: Path, rng: np.random.Generator) -> None:
+    """convert to CSV names the row of an output file, the image of an input file; a run the image: each message as
+    docs/faults.md and docs/files.md quote it."""
     rows = random_values(rng, 3, 10)
     rows[1, 4] = np.nan
     np.save(tmp_path / "rows.npy", rows)
-    images = random_values(rng, 3, 100, 100)
-    images[2, 5, 5] = np.inf
+    images = random_values(rng, 4, 100, 100)
+    images[2, 5, 5] = np.nan
     np.save(tmp_path / "images.npy", images)
+    images[2, 5, 5] = np.inf
+    np.save(tmp_path / "infinite.npy", images)
     cnn_path, _ = write_files(tmp_path, random_cnn(rng), images[:1])
-    assert "row 2 holds nan" in assert_one_line_error(cnnlab("convert", tmp_path / "rows.npy", tmp_path / "rows.csv"))
-    assert "image 3 holds inf" in assert_one_line_error(cnnlab("convert", tmp_path / "images.npy", tmp_path / "images.csv"))
-    assert "image 3 holds inf: the network takes finite values only" in assert_one_line_error(
-        cnnlab("cpu", cnn_path, tmp_path / "images.npy", tmp_path / "out.csv"))
+    for command, message in [
+        (("convert", "rows.npy", "rows.csv"), "row 2 holds nan, which CSV cannot hold (finite values only)"),
+        (("convert", "images.npy", "images.csv"), "image 3 holds nan, which CSV cannot hold (finite values only)"),
+        (("convert", "infinite.npy", "images.csv"), "image 3 holds inf, which CSV cannot hold (finite values only)"),
+        (("cpu", cnn_path, "images.npy", "out.csv"), "image 3 holds nan: the network takes finite values only"),
+        (("cpu", cnn_path, "infinite.npy", "out.csv"), "image 3 holds inf: the network takes finite values only"),
+    ]:
+        assert assert_one_line_error(cnnlab(*command, cwd=tmp_path)).endswith(f": {message}\n")
+        for page in ("faults.md", "files.md") if "nan" in message else ():  # the pages quote the NaN's
+            assert_quoted(page, message)
     assert not any(path.name.endswith(".csv") and path.name not in ("cnn.csv", "in.csv") for path in tmp_path.iterdir())
 
 
