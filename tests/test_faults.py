@@ -589,9 +589,18 @@ def test_dev_stdout_is_written_through_its_descriptor_never_replaced(tmp_path: P
         result = cnnlab("cpu", cnn_path, input_path, "/dev/stdout", stdout=appending)
     assert result.returncode == 0, result.stderr
     assert log.read_bytes() == b"earlier\n" + expected and TIMING_LINE.match(result.stderr)
-    with open(log, "w") as stdout:
-        message = assert_one_line_error(cnnlab("cpu", cnn_path, input_path, "-", "--timing-json", "/dev/stdout", stdout=stdout))
-    assert "cannot both be written to descriptor 1" in message
+    # The same descriptor twice is refused, each named as given (`-` as <stdout>); the first as docs/faults.md quotes it.
+    messages = []
+    for output, option, other, named in [
+        ("/dev/stdout", "--timing-json", "/dev/stdout", "the output /dev/stdout and --timing-json /dev/stdout"),
+        ("-", "--timing-json", "/dev/stdout", "the output <stdout> and --timing-json /dev/stdout"),
+        ("/dev/fd/1", "--trace", "-", "the output /dev/fd/1 and --trace <stdout>"),
+    ]:
+        with open(log, "w") as stdout:
+            message = assert_one_line_error(cnnlab("cpu", cnn_path, input_path, output, option, other, stdout=stdout))
+        assert message == f"cnnlab: {named} cannot both be written to descriptor 1\n" and log.read_bytes() == b""
+        messages.append(message.removeprefix("cnnlab: ").rstrip("\n"))
+    assert_quoted("faults.md", messages[0])
 
 
 @pytest.mark.parametrize("name, message", [("", "file name is empty"), ("new.csv/", "names a directory"),
