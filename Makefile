@@ -26,7 +26,8 @@ logged = echo "+ $(1)" >>$(INSTALL_LOG); $(1) >>$(INSTALL_LOG) 2>&1 || { tail -n
 	echo "make: failed: $(1); the whole log is $(INSTALL_LOG)" >&2; exit 1; }
 
 # What running needs: numpy, and cnnlab installed editable with its native extensions built in place. Of the packages
-# installed, only numpy's bytecode is compiled: the build tools' would take as long again, for one build.
+# installed, only numpy's bytecode is compiled: the build tools' would take as long again, for one build. pip shows none
+# of setup.py's output: where no compiler built an extension, cnnlab.extensions says so after it, in one line.
 $(VENV)/installed-run: pyproject.toml setup.cfg $(NATIVE_SOURCES)
 	@mkdir -p $(VENV) && : >$(INSTALL_LOG)
 	@echo "make: installing cnnlab and numpy into $(VENV) (log: $(INSTALL_LOG))"
@@ -34,6 +35,7 @@ $(VENV)/installed-run: pyproject.toml setup.cfg $(NATIVE_SOURCES)
 	@$(call logged,$(PIP_INSTALL) $(BUILD_REQUIRES))
 	@$(call logged,$(COMPILE) $(SITE_PACKAGES)/numpy)
 	@$(call logged,$(PIP_INSTALL) --no-build-isolation -e .)
+	@$(BIN)/python -m cnnlab.extensions
 	@touch $@
 
 # What testing adds: the test and lint extras. Named as cnnlab[...], pip takes them from the editable install's metadata

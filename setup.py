@@ -6,8 +6,8 @@ forward, cnnlab.cpu._forward, from native/cpu_forward.cpp, with the network's si
 cnnlab/network.py and -ffp-contract=off (every multiply and add rounded on its own, as cpu.rs
 computes); the guard that lets cpu mode map .npy files, cnnlab.files._mapped_guard, from
 native/mapped_guard.cpp. All are optional: where one cannot be compiled the install still succeeds,
-with one line saying what to install, and cnnlab uses its Python and numpy twin instead (for the
-guard: the file is read, not mapped).
+with one line saying what to install and what it costs (cnnlab.extensions), and cnnlab uses its
+Python and numpy twin instead (for the guard: the file is read, not mapped).
 
 The fatbins are built with nvcc, where it is on the PATH, before a wheel or an sdist is made, so
 that the package carries them (setup.cfg's package data) and `cnnlab cuda` runs where only the
@@ -27,19 +27,13 @@ from setuptools.command.build_py import build_py
 from setuptools.command.sdist import sdist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cnnlab.extensions import EXTENSIONS, fallback_note  # noqa: E402
 from cnnlab.network import network_sizes  # noqa: E402
-
-# What is lost where an extension cannot be built.
-FALLBACKS = {
-    "cnnlab.files._lab_csv": "CSV files will be parsed in Python, about 50x slower",
-    "cnnlab.cpu._forward": "cpu mode will run the numpy forward, about 20x slower",
-    "cnnlab.files._mapped_guard": ".npy inputs will be copied into memory, not mapped (slower)",
-}
 
 
 class OptionalBuildExt(build_ext):
     """build_ext that compiles the extensions at once, one a core, and, when the compiler is missing or fails, leaves
-    the extension out and says why in one line."""
+    the extensions out and says so in one line (cnnlab.extensions's, as a run says it)."""
 
     def finalize_options(self) -> None:
         super().finalize_options()
@@ -47,25 +41,19 @@ class OptionalBuildExt(build_ext):
             self.parallel = True
 
     def run(self) -> None:
+        self.failed: list[str] = []
         try:
             super().run()
-        except Exception as error:  # no compiler at all: distutils raises before compiling anything
-            self._skip(error)
+        except Exception:  # no compiler at all: distutils raises before compiling anything
+            self.failed = list(EXTENSIONS)
+        if self.failed:
+            print(fallback_note(self.failed), file=sys.stderr)
 
     def build_extension(self, ext: Extension) -> None:
         try:
             super().build_extension(ext)
-        except Exception as error:  # CompileError, LinkError, a missing Python.h ...
-            self._skip(error, [ext.name])
-
-    def _skip(self, error: BaseException, names: list[str] | None = None) -> None:
-        detail = str(error).strip().splitlines()
-        for name in names or FALLBACKS:
-            print(
-                f"cnnlab: building {name} failed: install a C++17 compiler (g++ >= 11) and reinstall; {FALLBACKS[name]} "
-                f"({type(error).__name__}{': ' + detail[-1] if detail else ''})",
-                file=sys.stderr,
-            )
+        except Exception:  # CompileError, LinkError, a missing Python.h ... (the compiler has said why, above)
+            self.failed.append(ext.name)
 
 
 def build_kernels() -> None:

@@ -140,6 +140,14 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], status: int 
     return result.stderr
 
 
+def assert_quoted(page: str, message: str) -> None:
+    """`message` (what follows a one-line error's `cnnlab: FILE[:LINE]: `) is quoted whole in docs/`page`, as a code
+    span (wrapped or not) where a capital K or N may stand for any number: a doc and a message cannot drift apart."""
+    quotes = re.findall(r"`([^`]+)`", " ".join((ROOT / "docs" / page).read_text().split()))
+    patterns = [re.sub(r"\b[KN]\b", r"\\d+", re.escape(quote)) for quote in quotes]
+    assert any(re.fullmatch(pattern, message) for pattern in patterns), f"docs/{page} does not quote {message!r}"
+
+
 def read_all_images(path: Path, batch: int = 3, ahead: bool = True, threads: int | None = None) -> np.ndarray:
     """Every image of a CSV input file, read `batch` at a time (each call saying the next asks as many, where `ahead`)."""
     with CsvImageReader(path, threads) as reader:

@@ -25,6 +25,7 @@ from helpers import (
 )
 
 from cnnlab.cpu.backend import CpuBackend
+from cnnlab.extensions import EXTENSIONS, fallback_note, missing_extensions
 from cnnlab.files.labcsv import read_output_rows as read_outputs
 from cnnlab.generate import random_values
 from cnnlab.network import ImageBatch
@@ -201,24 +202,53 @@ def test_cuda_without_pycuda_is_a_one_line_error(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize(
-    ("module", "note"),
-    [
-        ("cnnlab.files._lab_csv", "cnnlab: note: the native CSV parser is not built"),
-        ("cnnlab.cpu._forward", "cnnlab: note: the native forward is not built"),
-    ],
-)
-def test_without_a_native_module_the_same_outputs_and_one_note(tmp_path: Path, rng: np.random.Generator, module: str, note: str) -> None:
-    """Where no C++ compiler built the CSV parser or the forward: the same bytes out, from their Python and numpy
-    twins, and one line saying why it is slow."""
+NO_COMPILER = list(EXTENSIONS)  # what an install without a C++ compiler lacks
+
+
+@pytest.mark.parametrize("missing", [["cnnlab.files._lab_csv"], ["cnnlab.cpu._forward"], NO_COMPILER])
+def test_without_native_modules_the_same_outputs_and_one_note(tmp_path: Path, rng: np.random.Generator, missing: list[str]) -> None:
+    """Where no C++ compiler built the CSV parser, the forward or any extension: the same bytes out, from their Python
+    and numpy twins, and one line (not one for each) saying what is missing, what to install and what it costs."""
     cnn_path, input_path = write_files(tmp_path, random_cnn(rng), random_values(rng, 3, 100, 100))
     assert cnnlab("cpu", cnn_path, input_path, tmp_path / "native.csv").returncode == 0
-    script = f"import sys; sys.modules[{module!r}] = None; from cnnlab.cli.main import main; sys.exit(main(sys.argv[1:]))"
+    script = f"import sys; sys.modules.update(dict.fromkeys({missing!r})); from cnnlab.cli.main import main; sys.exit(main(sys.argv[1:]))"
     command = [sys.executable, "-c", script, "cpu", str(cnn_path), str(input_path), str(tmp_path / "python.csv")]
     result = subprocess.run(command, env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert result.stderr.startswith(note) and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr == fallback_note(missing) + "\n"
     assert (tmp_path / "python.csv").read_bytes() == (tmp_path / "native.csv").read_bytes()
+
+
+def test_the_note_without_a_compiler_names_what_is_missing_and_is_the_one_the_docs_quote() -> None:
+    assert fallback_note(["cnnlab.cpu._forward"]).startswith(
+        "cnnlab: note: the native CPU forward is not built: install a C++17 compiler (g++ >= 11) and reinstall cnnlab; "
+    )
+    assert fallback_note(["cnnlab.cpu._forward"]).endswith(" give the same results, slower (the forward ~20x)")
+    note = fallback_note(reversed(NO_COMPILER))
+    assert note.startswith("cnnlab: note: the native CSV parser, CPU forward and .npy mapping guard are not built: ")
+    assert f"\n    {note}\n" in (ROOT / "docs" / "cpu.md").read_text(), "docs/cpu.md quotes another note"
+
+
+def test_the_install_says_what_it_did_not_build() -> None:
+    """`python -m cnnlab.extensions`, the Makefile's install step after pip: the note where an extension is missing,
+    nothing where every one is built."""
+    script = "import runpy, sys; sys.modules.update(dict.fromkeys(sys.argv[1:])); runpy.run_module('cnnlab.extensions', None, '__main__')"
+    for missing in (["cnnlab.files._mapped_guard"], NO_COMPILER, []):
+        missing = missing or missing_extensions()  # nothing held back: what this install lacks, if anything
+        result = subprocess.run([sys.executable, "-c", script, *missing], env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=60)
+        assert (result.returncode, result.stdout, result.stderr) == (0, "", fallback_note(missing) + "\n" if missing else "")
+
+
+@pytest.mark.slow
+def test_setup_without_a_compiler_succeeds_saying_so_once(tmp_path: Path) -> None:
+    """setup.py's build with a compiler that fails: every extension left out, and the same one line, once."""
+    env = dict(SUBPROCESS_ENV, CC="false", CXX="false")
+    command = [sys.executable, "setup.py", "-q", "build_ext", "--build-lib", str(tmp_path / "lib"), "--build-temp", str(tmp_path / "tmp")]
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines().count(fallback_note(NO_COMPILER)) == 1 and "cnnlab:" not in result.stderr.replace(
+        fallback_note(NO_COMPILER), ""), result.stderr
+    assert not list(tmp_path.rglob("*.so"))
 
 
 def test_version() -> None:

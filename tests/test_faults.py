@@ -18,7 +18,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import SUBPROCESS_ENV, TIMING_LINE, assert_one_line_error, cnnlab, cpu_outputs, random_cnn, why_no_gpu, write_files
+from helpers import (
+    SUBPROCESS_ENV,
+    TIMING_LINE,
+    assert_one_line_error,
+    assert_quoted,
+    cnnlab,
+    cpu_outputs,
+    random_cnn,
+    why_no_gpu,
+    write_files,
+)
 
 from cnnlab.cli import main as cli
 from cnnlab.cpu.backend import CpuBackend
@@ -579,9 +589,18 @@ def test_dev_stdout_is_written_through_its_descriptor_never_replaced(tmp_path: P
         result = cnnlab("cpu", cnn_path, input_path, "/dev/stdout", stdout=appending)
     assert result.returncode == 0, result.stderr
     assert log.read_bytes() == b"earlier\n" + expected and TIMING_LINE.match(result.stderr)
-    with open(log, "w") as stdout:
-        message = assert_one_line_error(cnnlab("cpu", cnn_path, input_path, "-", "--timing-json", "/dev/stdout", stdout=stdout))
-    assert "cannot both be written to descriptor 1" in message
+    # The same descriptor twice is refused, each named as given (`-` as <stdout>); the first as docs/faults.md quotes it.
+    messages = []
+    for output, option, other, named in [
+        ("/dev/stdout", "--timing-json", "/dev/stdout", "the output /dev/stdout and --timing-json /dev/stdout"),
+        ("-", "--timing-json", "/dev/stdout", "the output <stdout> and --timing-json /dev/stdout"),
+        ("/dev/fd/1", "--trace", "-", "the output /dev/fd/1 and --trace <stdout>"),
+    ]:
+        with open(log, "w") as stdout:
+            message = assert_one_line_error(cnnlab("cpu", cnn_path, input_path, output, option, other, stdout=stdout))
+        assert message == f"cnnlab: {named} cannot both be written to descriptor 1\n" and log.read_bytes() == b""
+        messages.append(message.removeprefix("cnnlab: ").rstrip("\n"))
+    assert_quoted("faults.md", messages[0])
 
 
 @pytest.mark.parametrize("name, message", [("", "file name is empty"), ("new.csv/", "names a directory"),
@@ -696,17 +715,27 @@ def test_a_hang_up_is_129_and_nohup_keeps_running(tmp_path: Path, rng: np.random
 
 
 def test_convert_and_a_run_refuse_values_the_csv_cannot_hold(tmp_path: Path, rng: np.random.Generator) -> None:
+    """convert to CSV names the row of an output file, the image of an input file; a run the image: each message as
+    docs/faults.md and docs/files.md quote it."""
     rows = random_values(rng, 3, 10)
     rows[1, 4] = np.nan
     np.save(tmp_path / "rows.npy", rows)
-    images = random_values(rng, 3, 100, 100)
-    images[2, 5, 5] = np.inf
+    images = random_values(rng, 4, 100, 100)
+    images[2, 5, 5] = np.nan
     np.save(tmp_path / "images.npy", images)
+    images[2, 5, 5] = np.inf
+    np.save(tmp_path / "infinite.npy", images)
     cnn_path, _ = write_files(tmp_path, random_cnn(rng), images[:1])
-    assert "row 2 holds nan" in assert_one_line_error(cnnlab("convert", tmp_path / "rows.npy", tmp_path / "rows.csv"))
-    assert "image 3 holds inf" in assert_one_line_error(cnnlab("convert", tmp_path / "images.npy", tmp_path / "images.csv"))
-    assert "image 3 holds inf: the network takes finite values only" in assert_one_line_error(
-        cnnlab("cpu", cnn_path, tmp_path / "images.npy", tmp_path / "out.csv"))
+    for command, message in [
+        (("convert", "rows.npy", "rows.csv"), "row 2 holds nan, which CSV cannot hold (finite values only)"),
+        (("convert", "images.npy", "images.csv"), "image 3 holds nan, which CSV cannot hold (finite values only)"),
+        (("convert", "infinite.npy", "images.csv"), "image 3 holds inf, which CSV cannot hold (finite values only)"),
+        (("cpu", cnn_path, "images.npy", "out.csv"), "image 3 holds nan: the network takes finite values only"),
+        (("cpu", cnn_path, "infinite.npy", "out.csv"), "image 3 holds inf: the network takes finite values only"),
+    ]:
+        assert assert_one_line_error(cnnlab(*command, cwd=tmp_path)).endswith(f": {message}\n")
+        for page in ("faults.md", "files.md") if "nan" in message else ():  # the pages quote the NaN's
+            assert_quoted(page, message)
     assert not any(path.name.endswith(".csv") and path.name not in ("cnn.csv", "in.csv") for path in tmp_path.iterdir())
 
 

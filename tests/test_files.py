@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import BAD_INPUTS, SUBPROCESS_ENV, cnnlab, input_lines, random_cnn, read_all_images, write_files
+from helpers import BAD_INPUTS, SUBPROCESS_ENV, assert_quoted, cnnlab, input_lines, random_cnn, read_all_images, write_files
 
 from cnnlab.errors import InputFileError
 from cnnlab.files import mapped_text
@@ -92,6 +92,29 @@ def test_malformed_input_is_refused_with_file_and_line(tmp_path: Path, rng: np.r
     assert caught.value.line == line
     assert message in str(caught.value)
     assert str(caught.value).startswith(f"{path}:{line}: " if line else f"{path}: ")
+
+
+# The layout's faults docs/files.md quotes: each spoils the lines of a file of 3 images with blank lines between them
+# (input_lines: the count, then each image's 100 rows and a blank line), and the line its error names.
+LAYOUT_FAULTS = {
+    "image 1 a row short": (lambda lines: lines[:5] + lines[6:], 101),
+    "no blank line before image 3": (lambda lines: lines[:202] + lines[203:], 203),
+    "a blank line before image 3 of a file without": (lambda lines: [line for line in lines[:202] if line] + lines[202:], 202),
+    "a count too small": (lambda lines: ["2", *lines[1:]], 204),
+    "a file that ends early": (lambda lines: ["2", *lines[1:150]], 150),
+    "a last row cut short": (lambda lines: ["2", *lines[1:150], lines[150][:40]], 151),
+}
+
+
+@pytest.mark.parametrize("case", list(LAYOUT_FAULTS))
+def test_the_layout_faults_are_refused_as_the_docs_quote_them(tmp_path: Path, rng: np.random.Generator, case: str) -> None:
+    spoil, line = LAYOUT_FAULTS[case]
+    path = tmp_path / "in.csv"
+    path.write_text("\n".join(spoil(input_lines(random_values(rng, 3, 100, 100)))))
+    with pytest.raises(InputFileError) as caught:
+        read_all_images(path, batch=2)
+    assert str(caught.value).startswith(f"{path}:{line}: ")
+    assert_quoted("files.md", caught.value.message)
 
 
 @pytest.mark.parametrize(

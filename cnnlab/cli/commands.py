@@ -61,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
         if path is not None:
             target = output_target(path)
             if output.descriptor is not None and target.descriptor == output.descriptor:
-                raise UsageError(f"the output and {option} cannot both be written to descriptor {output.descriptor} (-)")
+                where = f"the output {shown(output_path)} and {option} {shown(path)}"  # as typed (`-` as <stdout>)
+                raise UsageError(f"{where} cannot both be written to descriptor {output.descriptor}")
             refuse_same_file(path, others)
             others[f"{option} file"] = path
     cnn = read_cnn(cnn_path)

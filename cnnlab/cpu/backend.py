@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import os
 import platform
-import sys
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from cnnlab.errors import UsageError
+from cnnlab.extensions import note_missing
 from cnnlab.files.text import HostMemory
 from cnnlab.network import (
     IMAGE_BYTES,
@@ -80,8 +80,7 @@ class CpuBackend(HostMemory):
         else:
             from cnnlab.cpu.numpy_forward import NumpyForward  # the fallback, and its thread pool's import, only here
 
-            print("cnnlab: note: the native forward is not built (it needs a C++17 compiler at install time); numpy, ~20x slower",
-                  file=sys.stderr)
+            note_missing("cnnlab.cpu._forward")
             self._forward = NumpyForward(cnn.filters, cnn.weights, self.threads)
         self.device = f"{platform.machine() or 'cpu'}, {self.threads} threads, {self._forward.isa}"
 

@@ -15,9 +15,10 @@ from contextlib import contextmanager
 import numpy as np
 
 from cnnlab.errors import InputFileError
+from cnnlab.extensions import note_missing
 from cnnlab.files.csv_batch import CsvBatch, announced, file_ends
 from cnnlab.files.inputs import open_for_reading
-from cnnlab.files.lines import MAX_LINE_BYTES, Span, SpanAhead, native, scan_rows, warn_if_slow
+from cnnlab.files.lines import MAX_LINE_BYTES, Span, SpanAhead, native, scan_rows
 from cnnlab.files.mapped_text import MappedTextSource, text_source
 from cnnlab.files.rows import Layout, RowPlace, check_text, cut_row, parse_rows, shorten
 from cnnlab.files.text import READ_BYTES, TextMemory, TextSource
@@ -85,7 +86,8 @@ class CsvImageReader:
         except BaseException:
             self.close()
             raise
-        warn_if_slow()
+        if native is None:  # parsed in Python: the note says why, and what to install
+            note_missing("cnnlab.files._lab_csv")
         self.images_read = 0
         self._images_taken = 0  # the images whose spans were taken (ahead of those read, where a span is taken ahead)
         self._separated: bool | None = None  # whether blank lines stand between the images: known once image 2 is taken

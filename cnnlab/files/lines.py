@@ -8,7 +8,6 @@ where it was not built, the pure-Python twins below follow the same rules, slowl
 from __future__ import annotations
 
 import os
-import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -273,12 +272,3 @@ def spans_of(data: np.ndarray, start: int, line_before: int, cuts: list[Cut]) ->
         start, line_before = end, line_before + lines
     return spans
 
-
-def warn_if_slow() -> None:
-    """One line on stderr when CSV files will be parsed in Python, and what to install to avoid it."""
-    if native is None:
-        print(
-            "cnnlab: note: the native CSV parser is not built (it needs a C++17 compiler, g++ >= 11, at install time); "
-            "parsing in Python, ~50x slower",
-            file=sys.stderr,
-        )
