@@ -41,7 +41,7 @@ def main() -> NoReturn:
     finally:  # the run is over: a signal from here on ends the process without a word (no traceback)
         for signum in interrupts.SIGNAL_EXITS:
             signal.signal(signum, signal.SIG_IGN)
-    # The run is over: its outputs are in place and its threads joined. Leave now, without the interpreter's teardown,
+    # The run is over: its outputs are in place and its reader and writer joined. Leave now, without the interpreter's teardown,
     # which frees nothing the process's end does not (numpy's modules), and with a GPU without the driver's, which the
     # helper takes (cuda/teardown.py). And after a signal, leave with 128 + the signal: where a KeyboardInterrupt passed
     # through Python's C API on its way (numpy's import runs code that way), the interpreter would end the process by
@@ -78,7 +78,10 @@ def _start(teardown: list[TeardownHelper]) -> int:
         from cnnlab.cuda.driver import start_driver
         from cnnlab.cuda.teardown import TeardownHelper
 
-        teardown.append(TeardownHelper())
+        try:
+            teardown.append(TeardownHelper())
+        except OSError:  # no process or descriptor to spare (a limit): the run's exit tears the driver down itself
+            pass
         starting = start_driver(_gpus_named(sys.argv[2:]))
     try:
         with interrupts.deferred():  # numpy and cnnlab imported with signals held (a few tenths of a second at most)
@@ -116,17 +119,22 @@ def _share_one_malloc_arena() -> None:
 
 
 def _gpus_named(arguments: list[str]) -> list[int] | None:
-    """The GPUs cuda mode's arguments name, read ahead of the parser (which names a mistake later): --device N, GPU 0 by
-    default, those --devices lists (every GPU for all: a mistake is named later, and starts every GPU meanwhile)."""
+    """The GPUs cuda mode's arguments name, read ahead of the parser (which names a mistake later), the last of each
+    option counting as it does for the parser: --device N, GPU 0 by default, those --devices lists (every GPU for all or
+    a mistake: it is named later, and every GPU starts meanwhile)."""
+    named: list[int] | None = [0]
     for at, argument in enumerate(arguments):
-        name, _, value = argument.partition("=")
-        value = value or (arguments[at + 1] if at + 1 < len(arguments) else "")
-        if name == "--devices":
-            indices = value.split(",")
-            return [int(index) for index in indices] if all(index.isdigit() for index in indices) else None
-        if name == "--device" and value.isdigit():
-            return [int(value)]
-    return [0]
+        name, equals, value = argument.partition("=")
+        if name not in ("--device", "--devices"):
+            continue
+        if not equals:
+            value = arguments[at + 1] if at + 1 < len(arguments) else ""
+        indices = value.split(",")
+        if all(index.isdecimal() for index in indices) and (name == "--devices" or len(indices) == 1):
+            named = [int(index) for index in indices]
+        else:
+            named = None if name == "--devices" else [0]
+    return named
 
 
 if __name__ == "__main__":

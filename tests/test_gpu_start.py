@@ -75,6 +75,8 @@ def test_a_users_own_visible_gpus_are_left_as_they_are(monkeypatch: pytest.Monke
         ([0], 0, True, 0, "cuInit failed"),  # no GPU at all: the driver's own words, as without the restriction
         ([0], 0, True, 2, "cuInit failed"),  # a GPU that is there and did not start: the driver's words
         ([0], 0, True, None, "cuInit failed"),  # no count to name
+        ([0], 0, False, 0, "^no CUDA device found$"),  # the driver started and found nothing; nor did NVML
+        ([0, 1], 1, False, 2, r"^GPU 1 did not start: the driver found 1 of the GPUs CUDA_VISIBLE_DEVICES=0,1 names$"),
     ],
 )  # fmt: skip
 def test_a_gpu_the_machine_lacks_is_named_with_the_machines_count(
@@ -86,6 +88,40 @@ def test_a_gpu_the_machine_lacks_is_named_with_the_machines_count(
     gpus.show_only(named)
     with pytest.raises(DeviceError, match=message):
         gpus.ordinal(named[-1], driver_seeing(driver_finds, fails))
+
+
+@pytest.mark.parametrize(
+    ("arguments", "started"),
+    [([], [0]), (["--device", "1"], [1]), (["--device=2"], [2]), (["--devices", "0,2"], [0, 2]), (["--devices=3"], [3]),
+     (["--devices", "all"], None), (["--devices", "0,x"], None), (["--devices="], None), (["--device", "x"], [0]),
+     (["--device", "\u00b2"], [0]), (["--device", "0", "--device", "1"], [1]), (["--devices", "0,1", "--devices", "2"], [2]),
+     (["--devices", "all", "--devices", "1,3"], [1, 3])],
+)  # fmt: skip
+def test_the_driver_starts_the_gpus_the_command_names(arguments: list[str], started: list[int] | None) -> None:
+    """Before the parser runs, cuda mode starts only the GPUs its arguments name, the last of an option counting as it
+    does for the parser: every GPU only for all (or a mistake, which the parser names next)."""
+    from cnnlab.__main__ import _gpus_named
+
+    assert _gpus_named(["cnn.csv", "in.csv", "out.csv", *arguments]) == started
+
+
+STANDARD_STREAMS_CLOSED = """
+import os
+os.close(0)
+os.close(1)
+from cnnlab.cuda.teardown import TeardownHelper
+helper = TeardownHelper()
+os.write(2, str(helper._channel.fileno()).encode())
+helper.hand_over()
+os._exit(0)
+"""
+
+
+def test_the_helpers_socket_takes_no_standard_streams_number() -> None:
+    """Started with stdin and stdout closed (`<&- >&-`), the socket keeps off 0 and 1: an output to `-` fails to be
+    written, as it would without the helper, instead of going into the socket."""
+    run = subprocess.run([sys.executable, "-c", STANDARD_STREAMS_CLOSED], env=SUBPROCESS_ENV, capture_output=True, timeout=60)
+    assert run.returncode == 0 and int(run.stderr) > 2, run.stderr
 
 
 HANDS_OVER = """
@@ -194,12 +230,16 @@ def test_a_run_starts_only_its_gpu_and_numbers_it_as_the_machine_does() -> None:
 @GPU
 @pytest.mark.gpu
 @pytest.mark.parametrize("restricted", [False, True])
-def test_the_gpu_choice_faults_say_what_they_said_with_every_gpu_visible(tmp_path: Path, restricted: bool) -> None:
+def test_the_gpu_choice_faults_say_what_they_said_with_every_gpu_visible(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, restricted: bool
+) -> None:
     """The messages name the machine's GPUs whether the run restricts the driver (the user's CUDA_VISIBLE_DEVICES unset)
     or the user lists every GPU; an empty or odd CUDA_VISIBLE_DEVICES is the driver's own one line."""
     count = int(run_python("import pycuda.driver as d; d.init(); print(d.Device.count())").stdout)
     numbered = "GPU 0" if count == 1 else f"GPUs 0 to {count - 1}"
     env = {} if restricted else {gpus.VISIBLE: ",".join(map(str, range(count)))}
+    if restricted:
+        monkeypatch.delitem(SUBPROCESS_ENV, gpus.VISIBLE, raising=False)  # the run's own restriction, whatever the test's
     message = f"cnnlab: there is no GPU {count}: this machine has {count} ({numbered})\n"
     out, cnn_file, input_file = tmp_path / "out.csv", ROOT / "data/cnn.csv", ROOT / "data/in.csv"
     assert assert_one_line_error(cnnlab("cuda", cnn_file, input_file, out, "--device", str(count), env=env)) == message
@@ -207,4 +247,4 @@ def test_the_gpu_choice_faults_say_what_they_said_with_every_gpu_visible(tmp_pat
     for odd in ("", "-1", "GPU-no-such-uuid"):
         assert "cannot start CUDA" in assert_one_line_error(cnnlab("cuda", cnn_file, input_file, out, env={gpus.VISIBLE: odd}))
     assert not out.exists()
-    assert cnnlab("cuda", cnn_file, input_file, out, env=env).returncode == 0
+    assert cnnlab("cuda", cnn_file, input_file, out, "--device", str(count), "--device", "0", env=env).returncode == 0

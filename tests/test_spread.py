@@ -170,19 +170,6 @@ def test_a_gpu_that_does_not_exist_is_one_line_naming_how_many_there_are(rng: np
     assert f"there is no GPU {count}: this machine has {count}" in assert_one_line_error(cnnlab("cuda", "--device", str(count)))
 
 
-@pytest.mark.parametrize(
-    ("arguments", "started"),
-    [([], [0]), (["--device", "1"], [1]), (["--devices", "0,2"], [0, 2]), (["--devices=3"], [3]), (["--devices", "all"], None),
-     (["--devices", "0,x"], None)],
-)  # fmt: skip
-def test_the_driver_starts_the_gpus_the_command_names(arguments: list[str], started: list[int] | None) -> None:
-    """Before the parser runs, cuda mode starts only the GPUs its arguments name: every GPU only for all (or a mistake,
-    which the parser names next)."""
-    from cnnlab.__main__ import _gpus_named
-
-    assert _gpus_named(["cnn.csv", "in.csv", "out.csv", *arguments]) == started
-
-
 def test_an_owner_whose_backend_cannot_be_made_raises_that_error_for_every_call(rng: np.random.Generator) -> None:
     """The error making the backend raised, from backend() and from every call; close() returns, with nothing to close."""
 

@@ -119,10 +119,11 @@ for stage in $stages; do
         gpus=$(nvidia-smi -L | wc -l)
         run="python3 -m cnnlab cuda data/cnn.csv data/in.csv $WORK/gpus.csv"
         echo "cuda on GPU 0 (A) against the same with CUDA_VISIBLE_DEVICES=0 (B), the default data, of $gpus GPUs:"
-        python3 tools/paired_wall.py --pairs 7 --settle 1 --a "$run" --b "env CUDA_VISIBLE_DEVICES=0 $run"
+        python3 tools/paired_wall.py --pairs 7 --settle 1 --a "env -u CUDA_VISIBLE_DEVICES $run" --b "env CUDA_VISIBLE_DEVICES=0 $run"
         if [ "$gpus" -ge 2 ]; then
           echo "--devices 0,1 (A) against the same with CUDA_VISIBLE_DEVICES=0,1 (B):"
-          python3 tools/paired_wall.py --pairs 7 --settle 1 --a "$run --devices 0,1" --b "env CUDA_VISIBLE_DEVICES=0,1 $run --devices 0,1"
+          python3 tools/paired_wall.py --pairs 7 --settle 1 --a "env -u CUDA_VISIBLE_DEVICES $run --devices 0,1" \
+            --b "env CUDA_VISIBLE_DEVICES=0,1 $run --devices 0,1"
         fi
         python3 tools/h2d_bound.py --file "$WORK/h2d.bin"
       } 2>&1 | tee "$OUT/gpus.log" || status=1 ;;

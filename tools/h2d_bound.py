@@ -85,7 +85,7 @@ def main() -> None:
     nbytes = args.mb * MB
     gpus = [Gpu(cuda, ordinal, nbytes) for ordinal in range(count.value)]
     with open(args.file, "wb") as file:
-        for _ in range(len(gpus) * nbytes // len(RANDOM)):
+        for _ in range(-(-len(gpus) * nbytes // len(RANDOM))):  # whole blocks, rounded up: the file holds every part
             file.write(RANDOM)
     with open(args.file, "rb") as file:
         mapping = mmap.mmap(file.fileno(), len(gpus) * nbytes, prot=mmap.PROT_READ)

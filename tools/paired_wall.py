@@ -1,6 +1,6 @@
 """Two commands timed as whole processes in turns, A B A B ..., and the ratio A/B taken pair by pair.
-No stage of tools/gpu-check.sh runs it: it is run by hand, on any machine (the 2-core machine, which has no GPU,
-among them); tools/trace_overhead.py takes its spread().
+The `gpus` stage of tools/gpu-check.sh runs it; otherwise it is run by hand, on any machine (the 2-core machine, which
+has no GPU, among them); tools/trace_overhead.py takes its spread().
 
     python tools/paired_wall.py [--pairs 25] [--settle 0] --a "COMMAND A" --b "COMMAND B"
 
@@ -9,7 +9,7 @@ pair that warms the caches and the bytecode (cnnlab.bench.report.alternated_seco
 peers). Taking turns keeps the ratio meaningful on a machine whose speed drifts during the call (a shared one):
 each pair runs in the same spell. Prints the median (min..max) wall seconds of A and of B, and of A/B over the
 pairs: quote the median. BENCHMARKS.md's 2-core whole-process runs (cpu mode on 2,000 .npy images) are this, and so
-are the several-GPU start-up rows (the `gpus` stage of tools/gpu-check.sh), with --settle: a cuda run's helper tears the
+are the several-GPU start-up rows, with --settle: a cuda run's helper tears the
 driver down just after the run ends, and without a wait the next run would share the GPU with that.
 """
 

@@ -28,11 +28,17 @@ print(time.perf_counter() - start)
 """
 
 
+SETTLE_SECONDS = 0.5
+
+
 def _startup(name: str, seconds: list[float]) -> Startup:
     return Startup(name, statistics.median(seconds), (min(seconds), max(seconds)))
 
 
 def _wall(command: list[str]) -> float:
+    """A command's seconds, exec to exit, after a settle: a cuda run's helper tears the driver down just after the run
+    ends, and the next run would share the GPU with that."""
+    time.sleep(SETTLE_SECONDS)
     start = time.perf_counter()
     subprocess.run(command, check=True, capture_output=True)
     return time.perf_counter() - start

@@ -206,7 +206,7 @@ def _add_run(subcommands: Any, mode: str) -> None:
             help=f"the rung of the optimization ladder that computes (docs/ladder.md; default {DEFAULT_KERNEL}, the design card's "
             f"conv2d_relu + flattened_to_dense): {', '.join(BY_NAME)}",
         )
-    run.set_defaults(handler=commands.run, mode=mode, host_parse=False, kernel=None, device=None, devices=None)
+    run.set_defaults(handler=commands.run, mode=mode, host_parse=False, kernel=None, device=None, devices=None, process_ends=False)
 
 
 def _add_generate(subcommands: Any) -> None:

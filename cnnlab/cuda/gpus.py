@@ -1,11 +1,10 @@
 """Which GPUs the driver sees, and how cnnlab numbers them.
 
 A GPU's number is the one its user sees: nvidia-smi's, counted from 0, or its place in the user's own
-CUDA_VISIBLE_DEVICES. cuInit starts every GPU the driver can see, one after another (on a host of four H200s 0.91-1.04 s,
-against 0.19 s with only one visible), so the command line shows the driver only the GPUs its run names
-(`show_only`, before cuInit) where the user has not chosen: the driver's ordinals are then places in that list, and
-`ordinal` and `number` translate. The Python API shows the driver every GPU, as PyTorch and CuPy do, since a long-lived
-process may ask for any of them later (docs/gpu.md).
+CUDA_VISIBLE_DEVICES. cuInit starts every GPU the driver can see, one after another (docs/gpu.md has the seconds), so the
+command line shows the driver only the GPUs its run names (`show_only`, before cuInit) where the user has not chosen:
+the driver's ordinals are then places in that list, and `ordinal` and `number` translate. The Python API shows the
+driver every GPU, as PyTorch and CuPy do, since a long-lived process may ask for any of them later (docs/gpu.md).
 
 Nothing here imports more than os: `python -m cnnlab cuda` calls show_only before numpy is imported.
 """
@@ -28,12 +27,7 @@ def show_only(gpus: list[int]) -> list[int]:
     if VISIBLE not in os.environ:
         _shown = tuple(sorted(set(gpus)))
         os.environ[VISIBLE] = ",".join(map(str, _shown))
-    return [ordinal_of_shown(gpu) for gpu in gpus]
-
-
-def ordinal_of_shown(gpu: int) -> int:
-    """GPU `gpu`'s place among what the driver was shown (itself where it was shown everything)."""
-    return gpu if _shown is None else _shown.index(gpu)
+    return gpus if _shown is None else [_shown.index(gpu) for gpu in gpus]
 
 
 def ordinal(gpu: int, driver_count: Callable[[], int]) -> int:
@@ -71,6 +65,7 @@ def number(ordinal: int) -> int:
 
 
 def no_such_gpu(gpu: int, count: int) -> str:
+    """The message for a GPU number past the machine's last, naming the numbers there are."""
     numbered = "GPU 0" if count == 1 else f"GPUs 0 to {count - 1}"
     return f"there is no GPU {gpu}: this machine has {count} ({numbered})"
 

@@ -13,6 +13,7 @@ exit tears down, as any process's does.
 from __future__ import annotations
 
 import array
+import fcntl
 import os
 import select
 import signal
@@ -23,6 +24,7 @@ from typing import NoReturn
 DRIVER_FILES = "/dev/nvidia"  # the driver's device files: nvidiactl, nvidia0..N, nvidia-uvm
 FILES_A_MESSAGE = 200  # file descriptors sent in one message: under the kernel's limit (SCM_MAX_FD, 253)
 INT_BYTES = array.array("i").itemsize
+RUN_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}  # what ends a run (cnnlab.interrupts); the helper ignores them
 
 
 class TeardownHelper:
@@ -30,14 +32,20 @@ class TeardownHelper:
     it leaves and closes them after it is gone."""
 
     def __init__(self, files: str = DRIVER_FILES) -> None:
-        """`files`: what the files to hand over are opened as (a prefix of their paths in /proc/self/fd)."""
+        """`files`: what the files to hand over are opened as (a prefix of their paths in /proc/self/fd). Raises OSError
+        where no socket or process can be had (a limit)."""
         self._files = files
-        self._channel, theirs = socket.socketpair()
+        self._channel, theirs = (_above_standard_streams(end) for end in socket.socketpair())
         parent = os.getpid()
-        self.pid = os.fork()
-        if self.pid == 0:
-            self._channel.close()
-            _close_when_gone(theirs, parent)
+        # The run's signals held over the fork, so that none reaches the helper before it ignores them.
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, RUN_SIGNALS)
+        try:
+            self.pid = os.fork()
+            if self.pid == 0:
+                self._channel.close()
+                _close_when_gone(theirs, parent)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
         theirs.close()
 
     def hand_over(self) -> None:
@@ -45,9 +53,20 @@ class TeardownHelper:
         files = array.array("i", _open_files(self._files))
         try:
             for at in range(0, len(files), FILES_A_MESSAGE):
-                self._channel.sendmsg([b"\0"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, files[at : at + FILES_A_MESSAGE])])
+                sent = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, files[at : at + FILES_A_MESSAGE])]
+                self._channel.sendmsg([b"\0"], sent, socket.MSG_NOSIGNAL)
         except OSError:  # the helper is gone: the process's exit closes the files itself
             pass
+
+
+def _above_standard_streams(end: socket.socket) -> socket.socket:
+    """The socket on a descriptor above 2: where the run started with standard output closed (`>&-`) the pair would
+    take its number, and the outputs would go to the helper instead of failing to be written."""
+    if end.fileno() > 2:
+        return end
+    moved = socket.socket(fileno=fcntl.fcntl(end.fileno(), fcntl.F_DUPFD_CLOEXEC, 3))
+    end.close()
+    return moved
 
 
 def _open_files(prefix: str) -> list[int]:
@@ -66,8 +85,9 @@ def _close_when_gone(channel: socket.socket, parent: int) -> NoReturn:
     """The helper: hold nothing of the run's, take the files the run sends until it closes the channel, wait until its
     process is gone, and close them (at the helper's exit)."""
     try:
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # the run's group gets them: the run answers
+        for signum in RUN_SIGNALS:  # the run's group gets them: the run answers
             signal.signal(signum, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, RUN_SIGNALS)
         kept = channel.fileno()
         os.closerange(0, kept)
         os.closerange(kept + 1, os.sysconf("SC_OPEN_MAX"))
