@@ -29,8 +29,7 @@ def main(argv: Sequence[str] | None = None, process_ends: bool = False) -> int:
         interrupts.install()
         argv = sys.argv[1:] if argv is None else list(argv)
         args = build_parser(next((arg for arg in argv if not arg.startswith("-")), None)).parse_args(argv)
-        if process_ends:
-            args.process_ends = True
+        args.process_ends = process_ends
         interrupts.raise_if_received()  # a signal swallowed while the modules were imported still stops the run
         status = args.handler(args)
         flush_stdout()
