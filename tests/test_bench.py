@@ -151,6 +151,24 @@ def test_bench_plot_on_any_machine_writes_a_drawing(tmp_path: Path, rows: str) -
     assert (pixels[..., :3] < 0.5).mean() > 0.003  # bars or words, not a blank page
 
 
+@pytest.mark.gpu_if_present
+def test_bench_rows_of_a_npy_file_and_of_every_gpu_copying_at_once(tmp_path: Path) -> None:
+    """The npy row (a .npy file in the page cache, as the command line runs it) against the host-to-device bound of the
+    same run, and the gpus rows (1..N GPUs copying at once); without a GPU, a note saying why they did not run."""
+    sizes = ["--images", "2048", "--repeats", "2"]
+    result = cnnlab("bench", "--rows", "npy,bounds,gpus", *sizes, "--json", tmp_path / "b.json")
+    assert result.returncode == 0, result.stderr
+    rows = {(row["row"], row["key"]): row for row in json.loads((tmp_path / "b.json").read_text())["figures"]}
+    if not rows:
+        assert "rows not run" in result.stdout
+        return
+    npy, bound = rows[("npy", None)], rows[("bounds", "h2d")]
+    assert 0.05 < npy["of_bound"] < 1.2 and npy["spread"][0] <= npy["images_per_second"] <= npy["spread"][1]
+    gpus = [row for (name, _), row in rows.items() if name == "gpus"]
+    assert [row["key"] for row in gpus] == [f"h2d-{count}" for count in range(1, len(gpus) + 1)]
+    assert 0.5 < gpus[0]["images_per_second"] / bound["images_per_second"] < 2  # one GPU: the bounds row, another way
+
+
 def test_bench_plot_without_matplotlib_is_one_line_saying_how_to_install_it(tmp_path: Path) -> None:
     script = "import sys; sys.modules['matplotlib'] = None; from cnnlab.cli.main import main; sys.exit(main(sys.argv[1:]))"
     command = [sys.executable, "-c", script, "bench", "--rows", "cpu", "--plot", str(tmp_path / "bench.png")]

@@ -16,60 +16,17 @@ import argparse
 import ctypes
 import mmap
 import os
-import threading
+import sys
 import time
-from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
-MB = 1 << 20
-RANDOM = os.urandom(64 * MB)  # what every buffer and the file hold, over and over: fresh random bytes, never zeros
-HOST_ALLOC_PORTABLE = 0x01
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from cnnlab.bench.gpus import MB, Gpu, at_once, check_call, visible_gpus  # noqa: E402
+
+RANDOM = os.urandom(64 * MB)  # what the file holds, over and over: fresh random bytes, never zeros
 HOST_REGISTER_READ_ONLY = 0x08
-
-
-def check(result: int, what: str) -> None:
-    if result != 0:
-        raise SystemExit(f"h2d_bound: {what} failed: CUDA error {result}")
-
-
-class Gpu:
-    """One GPU's context, a page-locked buffer and a device buffer of `nbytes` each."""
-
-    def __init__(self, cuda: ctypes.CDLL, ordinal: int, nbytes: int) -> None:
-        self.cuda, self.nbytes = cuda, nbytes
-        device, self.context = ctypes.c_int(), ctypes.c_void_p()
-        check(cuda.cuDeviceGet(ctypes.byref(device), ordinal), "cuDeviceGet")
-        check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(self.context), device), "cuDevicePrimaryCtxRetain")
-        self.current()
-        self.host, self.device = ctypes.c_void_p(), ctypes.c_uint64()
-        check(cuda.cuMemHostAlloc(ctypes.byref(self.host), ctypes.c_size_t(nbytes), HOST_ALLOC_PORTABLE), "cuMemHostAlloc")
-        for at in range(0, nbytes, len(RANDOM)):
-            ctypes.memmove((self.host.value or 0) + at, RANDOM, min(len(RANDOM), nbytes - at))
-        check(cuda.cuMemAlloc_v2(ctypes.byref(self.device), ctypes.c_size_t(nbytes)), "cuMemAlloc")
-
-    def current(self) -> None:
-        check(self.cuda.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
-
-    def copy_from(self, address: int) -> None:
-        check(self.cuda.cuMemcpyHtoD_v2(self.device, ctypes.c_void_p(address), ctypes.c_size_t(self.nbytes)), "cuMemcpyHtoD")
-
-
-def at_once(gpus: list[Gpu], work: Callable[[int, Gpu], list[float]]) -> tuple[float, list[list[float]]]:
-    """`work(index, gpu)` on every GPU at once, a thread each: the wall seconds, and what each returned."""
-    results: list[list[float]] = [[] for _ in gpus]
-
-    def run(index: int) -> None:
-        gpus[index].current()
-        results[index] = work(index, gpus[index])
-
-    threads = [threading.Thread(target=run, args=(index,)) for index in range(len(gpus))]
-    start = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return time.perf_counter() - start, results
 
 
 def main() -> None:
@@ -79,11 +36,8 @@ def main() -> None:
     parser.add_argument("--file", default="/tmp/h2d.bin", help="the file of random bytes the registered copies read")
     args = parser.parse_args()
     cuda = ctypes.CDLL("libcuda.so.1")
-    check(cuda.cuInit(0), "cuInit")
-    count = ctypes.c_int()
-    check(cuda.cuDeviceGetCount(ctypes.byref(count)), "cuDeviceGetCount")
     nbytes = args.mb * MB
-    gpus = [Gpu(cuda, ordinal, nbytes) for ordinal in range(count.value)]
+    gpus = [Gpu(cuda, ordinal, nbytes) for ordinal in range(visible_gpus(cuda))]
     with open(args.file, "wb") as file:
         for _ in range(-(-len(gpus) * nbytes // len(RANDOM))):  # whole blocks, rounded up: the file holds every part
             file.write(RANDOM)
@@ -103,11 +57,11 @@ def main() -> None:
         steps = [0.0, 0.0, 0.0]  # register, copy, unregister
         for _ in range(args.copies):
             marks = [time.perf_counter()]
-            check(cuda.cuMemHostRegister_v2(part, ctypes.c_size_t(nbytes), HOST_REGISTER_READ_ONLY), "cuMemHostRegister")
+            check_call(cuda.cuMemHostRegister_v2(part, ctypes.c_size_t(nbytes), HOST_REGISTER_READ_ONLY), "cuMemHostRegister")
             marks.append(time.perf_counter())
             gpu.copy_from(part.value or 0)
             marks.append(time.perf_counter())
-            check(cuda.cuMemHostUnregister(part), "cuMemHostUnregister")
+            check_call(cuda.cuMemHostUnregister(part), "cuMemHostUnregister")
             marks.append(time.perf_counter())
             for step in range(3):
                 steps[step] += marks[step + 1] - marks[step]
@@ -125,6 +79,8 @@ def main() -> None:
               f"(register/copy/unregister a GPU: {', '.join(steps)})")
     mapping.close()
     os.unlink(args.file)
+    for gpu in gpus:
+        gpu.free()
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""`cnnlab bench`'s GPU rows: the lab's one image per launch, batches from page-locked memory, images resident
-on the device, the copy bounds, and the ladder's rungs, each timed against the bound measured in the same run.
+"""`cnnlab bench`'s GPU rows: the lab's one image per launch, batches from page-locked memory, a .npy file in the page
+cache as the command line runs it, images resident on the device, the copy bounds (with every GPU copying at once too),
+and the ladder's rungs, each timed against the bound measured in the same run.
 
 Paths that end on the host (compute(), which returns finished outputs) are timed with perf_counter;
 the copy bounds and the ladder's kernels, pure device work, with CUDA events.
@@ -8,16 +9,20 @@ the copy bounds and the ladder's kernels, pure device work, with CUDA events.
 from __future__ import annotations
 
 import itertools
+import os
 import statistics
 import subprocess
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from cnnlab.bench.report import D2D_BOUND, BenchOptions, BenchReport, Figure, median_rate
+from cnnlab.bench.gpus import AGGREGATE_BYTES, aggregate_bound
+from cnnlab.bench.report import D2D_BOUND, BenchOptions, BenchReport, Figure, median_rate, rate_and_spread
 from cnnlab.compare import rule_verdict
 from cnnlab.cpu.backend import CpuBackend
 from cnnlab.cuda import ladder
@@ -134,7 +139,7 @@ def _repeat(run: Callable[[], object], times: int) -> None:
 
 def bench_cuda(cnn: Cnn, options: BenchOptions, rng: np.random.Generator, report: BenchReport) -> None:
     """The GPU rows, the sweep and the device's name into `report`; raises CnnlabError without a usable GPU."""
-    from cnnlab.cuda.context import CudaContext, DeviceImages
+    from cnnlab.cuda.context import CudaContext
 
     config = ladder.LaunchConfig(chunk_images=options.chunk_images)
     if options.streams is not None:
@@ -148,8 +153,21 @@ def bench_cuda(cnn: Cnn, options: BenchOptions, rng: np.random.Generator, report
             report.device = context.device
         name = "cuda, one image per launch (the lab's scheme)"
         report.figures.append(Figure("lab", name, rate, bytes_per_image=host_bytes, flops_per_image=FLOPS_PER_IMAGE))
-    if not {"pinned", "resident", "bounds"} & set(options.rows) and not options.sweep:
-        return
+    if {"pinned", "npy", "resident", "bounds"} & set(options.rows) or options.sweep:
+        batched_rows(cnn, options, config, host_bytes, rng, report)
+    if "gpus" in options.rows:
+        for gpus, gigabytes in enumerate(aggregate_bound(AGGREGATE_BYTES, options.repeats), start=1):
+            name = f"bound: host-to-device copies, {gpus} GPU{'s' * (gpus > 1)} at once"
+            report.figures.append(Figure("gpus", name, gigabytes * 1e9 / IMAGE_BYTES, key=f"h2d-{gpus}", bytes_per_image=IMAGE_BYTES))
+
+
+def batched_rows(
+    cnn: Cnn, options: BenchOptions, config: ladder.LaunchConfig, host_bytes: int, rng: np.random.Generator, report: BenchReport,
+) -> None:
+    """The rows of one context over a batch of every image (`host_bytes` crossing the bus an image): from page-locked
+    memory, from a .npy file, resident on the device, the copy bounds, and the sweep of batch sizes."""
+    from cnnlab.cuda.context import CudaContext, DeviceImages
+
     # The command line's batch size, so the figures are what `cnnlab cuda` gets; a batch here is all the images.
     with CudaContext(cnn, config=config) as context:
         report.device = context.device
@@ -167,6 +185,12 @@ def bench_cuda(cnn: Cnn, options: BenchOptions, rng: np.random.Generator, report
             rate = median_rate(options.images, lambda: context.compute(batch), options.repeats)
             name = "cuda, batched from page-locked memory, copies included"
             report.figures.append(Figure("pinned", name, rate, "h2d", bytes_per_image=host_bytes, flops_per_image=FLOPS_PER_IMAGE))
+        if "npy" in options.rows:
+            rate, spread = npy_file_rate(context, host, options.repeats)
+            name = "cuda, a .npy file in the page cache, as `cnnlab cuda` runs it"
+            report.figures.append(
+                Figure("npy", name, rate, "h2d", bytes_per_image=host_bytes, flops_per_image=FLOPS_PER_IMAGE, spread=spread)
+            )
         if "resident" in options.rows:
             rate = median_rate(options.images, lambda: context.compute_resident(resident), options.repeats)
             bytes_per_image = ladder.BY_NAME[config.kernel].device_bytes
@@ -189,6 +213,19 @@ def bench_cuda(cnn: Cnn, options: BenchOptions, rng: np.random.Generator, report
             ):
                 points.append((size, median_rate(size * calls, partial(_repeat, run, calls), 3)))
         context.free(resident)
+
+
+def npy_file_rate(context: CudaContext, images: np.ndarray, repeats: int) -> tuple[float, tuple[float, float]]:
+    """Images/s of `cnnlab cuda` over `images` saved as a .npy file, which saving leaves in the page cache: the run's loop
+    (run_network's, as --timing-json gives it), median and spread of `repeats` after one warm-up."""
+    from cnnlab.run import run_network
+
+    with tempfile.TemporaryDirectory(prefix="cnnlab-bench-") as folder:
+        path, out = Path(folder) / "in.npy", Path(folder) / "out.npy"
+        np.save(path, images)
+        os.sync()  # written back before the runs: the disk's writes would compete with them for the memory
+        loops = [run_network(context, path, out).loop_seconds for _ in range(repeats + 1)][1:]
+    return rate_and_spread(len(images), loops)
 
 
 def fp64_peak(setup: DeviceSetup) -> float | None:
