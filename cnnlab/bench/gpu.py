@@ -21,18 +21,19 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from cnnlab.bench.gpus import AGGREGATE_BYTES, aggregate_bound
+from cnnlab.bench.gpus import COPY_BYTES, aggregate_bound
 from cnnlab.bench.report import D2D_BOUND, BenchOptions, BenchReport, Figure, median_rate, rate_and_spread
 from cnnlab.compare import rule_verdict
 from cnnlab.cpu.backend import CpuBackend
 from cnnlab.cuda import ladder
 from cnnlab.cuda.driver import device_errors
 from cnnlab.cuda.launchers import SWEEP_BANDS, SWEEP_THREADS, activation_images, block_sweep
-from cnnlab.errors import CnnlabError
+from cnnlab.errors import CnnlabError, ResourceError
 from cnnlab.generate import random_values
 from cnnlab.network import FLOPS_PER_IMAGE, IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM, Cnn, ImageBatch, OutputBatch
 
 if TYPE_CHECKING:
+    from cnnlab.backend import Backend
     from cnnlab.cuda.context import CudaContext, DeviceImages
     from cnnlab.cuda.device_setup import DeviceSetup
     from cnnlab.cuda.launchers import Launcher
@@ -155,10 +156,16 @@ def bench_cuda(cnn: Cnn, options: BenchOptions, rng: np.random.Generator, report
         report.figures.append(Figure("lab", name, rate, bytes_per_image=host_bytes, flops_per_image=FLOPS_PER_IMAGE))
     if {"pinned", "npy", "resident", "bounds"} & set(options.rows) or options.sweep:
         batched_rows(cnn, options, config, host_bytes, rng, report)
-    if "gpus" in options.rows:
-        for gpus, gigabytes in enumerate(aggregate_bound(AGGREGATE_BYTES, options.repeats), start=1):
-            name = f"bound: host-to-device copies, {gpus} GPU{'s' * (gpus > 1)} at once"
-            report.figures.append(Figure("gpus", name, gigabytes * 1e9 / IMAGE_BYTES, key=f"h2d-{gpus}", bytes_per_image=IMAGE_BYTES))
+
+
+def bench_gpus(options: BenchOptions) -> list[Figure]:
+    """The gpus rows: what the host feeds 1..N of its GPUs copying at once (bench/gpus.py); needs the driver alone."""
+    figures = []
+    for copies in aggregate_bound(COPY_BYTES, options.repeats):
+        name = f"bound: host-to-device copies, {copies.gpus} GPU{'s' * (copies.gpus > 1)} at once"
+        rate = copies.total * 1e9 / IMAGE_BYTES
+        figures.append(Figure("gpus", name, rate, key=f"h2d-{copies.gpus}", bytes_per_image=IMAGE_BYTES))
+    return figures
 
 
 def batched_rows(
@@ -186,7 +193,7 @@ def batched_rows(
             name = "cuda, batched from page-locked memory, copies included"
             report.figures.append(Figure("pinned", name, rate, "h2d", bytes_per_image=host_bytes, flops_per_image=FLOPS_PER_IMAGE))
         if "npy" in options.rows:
-            rate, spread = npy_file_rate(context, host, options.repeats)
+            rate, spread = npy_file_rate(partial(CudaContext, cnn, config=config), host, options.repeats)
             name = "cuda, a .npy file in the page cache, as `cnnlab cuda` runs it"
             report.figures.append(
                 Figure("npy", name, rate, "h2d", bytes_per_image=host_bytes, flops_per_image=FLOPS_PER_IMAGE, spread=spread)
@@ -215,16 +222,23 @@ def batched_rows(
         context.free(resident)
 
 
-def npy_file_rate(context: CudaContext, images: np.ndarray, repeats: int) -> tuple[float, tuple[float, float]]:
-    """Images/s of `cnnlab cuda` over `images` saved as a .npy file, which saving leaves in the page cache: the run's loop
-    (run_network's, as --timing-json gives it), median and spread of `repeats` after one warm-up."""
+def npy_file_rate(make_backend: Callable[[], Backend], images: np.ndarray, repeats: int) -> tuple[float, tuple[float, float]]:
+    """Images/s of a run over `images` saved as a .npy file, which saving leaves in the page cache: the loop of
+    run_network (as --timing-json gives it) on a backend of its own (its buffers go with it), median and spread of
+    `repeats` after one warm-up. A file that cannot be written (a full disk) is a ResourceError, a note in the report."""
     from cnnlab.run import run_network
 
     with tempfile.TemporaryDirectory(prefix="cnnlab-bench-") as folder:
         path, out = Path(folder) / "in.npy", Path(folder) / "out.npy"
-        np.save(path, images)
-        os.sync()  # written back before the runs: the disk's writes would compete with them for the memory
-        loops = [run_network(context, path, out).loop_seconds for _ in range(repeats + 1)][1:]
+        try:
+            with path.open("wb") as file:
+                np.save(file, images)
+                file.flush()
+                os.fsync(file.fileno())  # written back before the runs: the disk's writes would compete with them
+        except OSError as error:
+            raise ResourceError(f"cannot write {len(images):,} images to {folder} for the npy row: {error.strerror or error}") from None
+        with make_backend() as backend:
+            loops = [run_network(backend, path, out).loop_seconds for _ in range(repeats + 1)][1:]
     return rate_and_spread(len(images), loops)
 
 

@@ -11,109 +11,145 @@ import ctypes
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 
 from cnnlab.errors import DeviceError
 
-MB = 1 << 20
-AGGREGATE_BYTES = 256 * MB  # a copy, per GPU: long enough that a copy's start costs under 1% of it
+MIB = 1 << 20
+COPY_BYTES = 256 * MIB  # a copy, per GPU: long enough that a copy's start costs under 1% of it
 HOST_ALLOC_PORTABLE = 0x01
-_RANDOM = os.urandom(MB)  # what every page-locked buffer holds, over and over: random bytes, never zeros
 
 
-def check_call(result: int, what: str) -> None:
+def check_result(result: int, what: str) -> None:
     """A driver call's result, where it failed, as a DeviceError naming the call."""
     if result != 0:
         raise DeviceError(f"{what} failed: CUDA error {result}")
 
 
-class Gpu:
-    """One GPU's primary context, a page-locked buffer and a device buffer of `nbytes` each; free() gives them back."""
-
-    def __init__(self, cuda: ctypes.CDLL, ordinal: int, nbytes: int) -> None:
-        self.cuda, self.nbytes = cuda, nbytes
-        device, self.context = ctypes.c_int(), ctypes.c_void_p()
-        check_call(cuda.cuDeviceGet(ctypes.byref(device), ordinal), "cuDeviceGet")
-        check_call(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(self.context), device), "cuDevicePrimaryCtxRetain")
-        self.ordinal = device
-        self.current()
-        self.host, self.device = ctypes.c_void_p(), ctypes.c_uint64()
-        check_call(cuda.cuMemHostAlloc(ctypes.byref(self.host), ctypes.c_size_t(nbytes), HOST_ALLOC_PORTABLE), "cuMemHostAlloc")
-        for at in range(0, nbytes, len(_RANDOM)):
-            ctypes.memmove((self.host.value or 0) + at, _RANDOM, min(len(_RANDOM), nbytes - at))
-        check_call(cuda.cuMemAlloc_v2(ctypes.byref(self.device), ctypes.c_size_t(nbytes)), "cuMemAlloc")
-
-    def current(self) -> None:
-        check_call(self.cuda.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
-
-    def copy_from(self, address: int) -> None:
-        """A synchronous copy of `nbytes` from host memory at `address` (page-locked or registered) to the device."""
-        check_call(self.cuda.cuMemcpyHtoD_v2(self.device, ctypes.c_void_p(address), ctypes.c_size_t(self.nbytes)), "cuMemcpyHtoD")
-
-    def free(self) -> None:
-        self.current()
-        self.cuda.cuMemFree_v2(self.device)
-        self.cuda.cuMemFreeHost(self.host)
-        self.cuda.cuDevicePrimaryCtxRelease_v2(self.ordinal)
-
-
-def at_once(gpus: list[Gpu], work: Callable[[int, Gpu], list[float]]) -> tuple[float, list[list[float]]]:
-    """`work(index, gpu)` on every GPU at once, a thread each: the wall seconds, and what each returned (the first
-    failure raised once every thread has ended)."""
-    results: list[list[float]] = [[] for _ in gpus]
-    failures: list[BaseException] = []
-
-    def run(index: int) -> None:
-        try:
-            gpus[index].current()
-            results[index] = work(index, gpus[index])
-        except BaseException as error:  # raised on the caller's thread
-            failures.append(error)
-
-    threads = [threading.Thread(target=run, args=(index,), name=f"cnnlab-bench-gpu-{index}") for index in range(len(gpus))]
-    start = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if failures:
-        raise failures[0]
-    return time.perf_counter() - start, results
-
-
-def visible_gpus(cuda: ctypes.CDLL) -> int:
-    check_call(cuda.cuInit(0), "cuInit")
-    count = ctypes.c_int()
-    check_call(cuda.cuDeviceGetCount(ctypes.byref(count)), "cuDeviceGetCount")
-    return count.value
-
-
-def aggregate_bound(nbytes: int, copies: int) -> list[float]:
-    """GB/s in total of host-to-device copies from page-locked memory with 1, 2, ... N of the visible GPUs copying at
-    once, `copies` copies of `nbytes` each (after one unseen), a thread each."""
+def driver() -> ctypes.CDLL:
+    """The driver's library, started: a DeviceError where there is none."""
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
     except OSError as error:
         raise DeviceError(f"no CUDA driver: {error}") from None
-    gpus: list[Gpu] = []
+    check_result(cuda.cuInit(0), "cuInit")
+    return cuda
+
+
+def visible_gpus(cuda: ctypes.CDLL) -> int:
+    """How many GPUs the driver sees (CUDA_VISIBLE_DEVICES's, where it is set)."""
+    count = ctypes.c_int()
+    check_result(cuda.cuDeviceGetCount(ctypes.byref(count)), "cuDeviceGetCount")
+    return count.value
+
+
+class Gpu:
+    """One GPU's primary context, with a page-locked buffer and a device buffer of `nbytes` each, filled with random
+    bytes (never zeros). Made by `open_gpus`, which gives everything back, on every path out."""
+
+    def __init__(self, cuda: ctypes.CDLL, ordinal: int, nbytes: int, owned: ExitStack) -> None:
+        """Everything made here is handed to `owned` as it is made: a failure part way leaves nothing behind."""
+        self.cuda, self.nbytes = cuda, nbytes
+        handle, self.context = ctypes.c_int(), ctypes.c_void_p()
+        check_result(cuda.cuDeviceGet(ctypes.byref(handle), ordinal), "cuDeviceGet")
+        check_result(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(self.context), handle), "cuDevicePrimaryCtxRetain")
+        owned.callback(cuda.cuDevicePrimaryCtxRelease_v2, handle)
+        self.current()
+        self.host_buffer, self.device_buffer = ctypes.c_void_p(), ctypes.c_uint64()
+        flags = HOST_ALLOC_PORTABLE
+        check_result(cuda.cuMemHostAlloc(ctypes.byref(self.host_buffer), ctypes.c_size_t(nbytes), flags), "cuMemHostAlloc")
+        owned.callback(self._in_context, cuda.cuMemFreeHost, self.host_buffer)
+        random = os.urandom(min(nbytes, MIB))
+        for at in range(0, nbytes, len(random)):
+            ctypes.memmove((self.host_buffer.value or 0) + at, random, min(len(random), nbytes - at))
+        check_result(cuda.cuMemAlloc_v2(ctypes.byref(self.device_buffer), ctypes.c_size_t(nbytes)), "cuMemAlloc")
+        owned.callback(self._in_context, cuda.cuMemFree_v2, self.device_buffer)
+
+    def current(self) -> None:
+        """Make this GPU's context current on the calling thread (each thread that copies to it)."""
+        check_result(self.cuda.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+
+    def _in_context(self, free: Callable[[object], int], what: object) -> None:
+        """Give one thing back with this GPU's context current, whatever else failed (its result ignored: best effort)."""
+        self.cuda.cuCtxSetCurrent(self.context)
+        free(what)
+        self.cuda.cuCtxSetCurrent(None)
+
+    def copy_from(self, address: int) -> None:
+        """A synchronous copy of `nbytes` from host memory at `address` (page-locked or registered) to the device."""
+        check_result(
+            self.cuda.cuMemcpyHtoD_v2(self.device_buffer, ctypes.c_void_p(address), ctypes.c_size_t(self.nbytes)), "cuMemcpyHtoD"
+        )
+
+
+@contextmanager
+def open_gpus(nbytes: int) -> Iterator[tuple[ctypes.CDLL, list[Gpu]]]:
+    """Every visible GPU with buffers of `nbytes`, given back when the block is left."""
+    cuda = driver()
+    with ExitStack() as owned:
+        yield cuda, [Gpu(cuda, ordinal, nbytes, owned) for ordinal in range(visible_gpus(cuda))]
+
+
+def at_once(gpus: list[Gpu], work: Callable[[int, Gpu], list[float]]) -> tuple[float, list[list[float]]]:
+    """`work(index, gpu)` on every GPU at once, a thread each, started together: the wall seconds from the start to the
+    last one's end, and what each returned; the first failure is raised once every thread has ended."""
+    results: list[list[float]] = [[] for _ in gpus]
+    failures: list[BaseException] = []
+    start = threading.Barrier(len(gpus) + 1)
+
+    def run(index: int) -> None:
+        try:
+            gpus[index].current()
+            start.wait()
+            results[index] = work(index, gpus[index])
+        except BaseException as error:  # raised on the caller's thread
+            start.abort()
+            failures.append(error)
+
+    threads = [threading.Thread(target=run, args=(index,), name=f"cnnlab-bench-gpu-{index}") for index in range(len(gpus))]
+    for thread in threads:
+        thread.start()
     try:
-        for ordinal in range(visible_gpus(cuda)):
-            gpus.append(Gpu(cuda, ordinal, nbytes))
+        start.wait()
+    except threading.BrokenBarrierError:  # a thread failed before its copies: its error is raised below
+        pass
+    began = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    if failures:  # the error that broke the start, not the others' BrokenBarrierError
+        raise next((error for error in failures if not isinstance(error, threading.BrokenBarrierError)), failures[0])
+    return time.perf_counter() - began, results
 
-        def from_page_locked(times: int) -> Callable[[int, Gpu], list[float]]:
-            def work(index: int, gpu: Gpu) -> list[float]:
-                for _ in range(times):
-                    gpu.copy_from(gpu.host.value or 0)
-                return []
 
-            return work
+@dataclass(frozen=True)
+class CopiesAtOnce:
+    """Host-to-device copies from page-locked memory with `gpus` GPUs copying at once: GB/s in total and on each."""
 
-        totals = []
+    gpus: int
+    total: float
+    each: tuple[float, ...]
+
+
+def aggregate_bound(nbytes: int, copies: int) -> list[CopiesAtOnce]:
+    """With 1, 2, ... N of the visible GPUs copying at once: `copies` copies of `nbytes` a GPU (after one unseen, which
+    wakes each link), timed as one run from the common start to the last GPU's end."""
+
+    def copying(times: int) -> Callable[[int, Gpu], list[float]]:
+        def work(index: int, gpu: Gpu) -> list[float]:
+            began = time.perf_counter()
+            for _ in range(times):
+                gpu.copy_from(gpu.host_buffer.value or 0)
+            return [time.perf_counter() - began]
+
+        return work
+
+    figures = []
+    with open_gpus(nbytes) as (_, gpus):
         for count in range(1, len(gpus) + 1):
-            at_once(gpus[:count], from_page_locked(1))  # unseen: each link warmed
-            wall, _ = at_once(gpus[:count], from_page_locked(copies))
-            totals.append(count * copies * nbytes / wall / 1e9)
-        return totals
-    finally:
-        for gpu in gpus:
-            gpu.free()
+            at_once(gpus[:count], copying(1))
+            wall, seconds = at_once(gpus[:count], copying(copies))
+            gigabytes = copies * nbytes / 1e9
+            figures.append(CopiesAtOnce(count, count * gigabytes / wall, tuple(gigabytes / each[0] for each in seconds)))
+    return figures

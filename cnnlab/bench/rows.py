@@ -18,7 +18,7 @@ from collections.abc import Callable
 import numpy as np
 
 from cnnlab.bench.cpu import bench_cpu
-from cnnlab.bench.gpu import bench_cuda, bench_kernels
+from cnnlab.bench.gpu import bench_cuda, bench_gpus, bench_kernels
 from cnnlab.bench.peers import FRAMEWORKS, run_peers
 from cnnlab.bench.report import D2D_BOUND, GPU_ROWS, BenchOptions, BenchReport, Figure
 from cnnlab.bench.startup import bench_startup
@@ -61,6 +61,8 @@ def run_bench(options: BenchOptions, seed: int | None = None) -> BenchReport:
         parts.append(("startup", measure_startup, ()))
     if set(GPU_ROWS) & set(options.rows) or options.sweep:
         parts.append(("cuda", lambda: bench_cuda(cnn, options, rng, report), (CnnlabError,)))
+    if "gpus" in options.rows:
+        parts.append(("gpus", lambda: bench_gpus(options), (CnnlabError,)))
     if "kernels" in options.rows:
         parts.append(("kernels", lambda: bench_kernels(cnn, options, rng, report), (CnnlabError,)))
     if "peers" in options.rows:
