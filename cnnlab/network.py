@@ -234,6 +234,13 @@ class Tracer(Protocol):
 
     enabled: bool
 
+    @property
+    def per_chunk(self) -> Tracer:
+        """What gets each GPU chunk's spans (its copies, parse and kernels on its stream, the main thread's waits for it):
+        the tracer itself where they were asked for (--trace-chunks), else NO_TRACE, and a span of each batch's work on
+        each stream instead: a chunk's events cost the thread that queues the work more than the trace may (docs/trace.md)."""
+        ...
+
     def span(self, name: str, stream: Any = None, **args: Any) -> AbstractContextManager[object]:
         """A span named `name` of this thread's time, or, given a CUDA stream, of the work queued on it meanwhile."""
         ...
@@ -262,6 +269,10 @@ class _NoTrace:
 
     enabled = False
     _nothing = nullcontext()
+
+    @property
+    def per_chunk(self) -> Tracer:
+        return self
 
     def span(self, name: str, stream: Any = None, **args: Any) -> AbstractContextManager[object]:
         return self._nothing

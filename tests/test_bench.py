@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -11,8 +12,9 @@ import numpy as np
 import pytest
 from helpers import ROOT, SUBPROCESS_ENV, assert_one_line_error, cnnlab, random_cnn
 
-from cnnlab.bench.gpu import npy_file_rate
+from cnnlab.bench.gpu import npy_file_rate, npy_in_page_cache
 from cnnlab.bench.gpus import at_once
+from cnnlab.bench.peers import run_peers
 from cnnlab.bench.report import BenchOptions, BenchReport, Figure, format_table, ratios
 from cnnlab.cpu.backend import CPU_ISAS, ISA_VARIABLE, CpuBackend, Forward
 from cnnlab.errors import DeviceError
@@ -162,16 +164,36 @@ def test_bench_rows_of_a_npy_file_and_of_every_gpu_copying_at_once(tmp_path: Pat
     sizes = ["--images", "2048", "--repeats", "2"]
     result = cnnlab("bench", "--rows", "npy,bounds,gpus", *sizes, "--json", tmp_path / "b.json")
     assert result.returncode == 0, result.stderr
-    rows = {(row["row"], row["key"]): row for row in json.loads((tmp_path / "b.json").read_text())["figures"]}
+    figures = json.loads((tmp_path / "b.json").read_text())["figures"]
+    rows = {(row["row"], row["key"]): row for row in figures if not row["name"].startswith("peer:")}
     if not rows:
         assert "rows not run" in result.stdout
         return
     npy, bound = rows[("npy", None)], rows[("bounds", "h2d")]
     assert 0.05 < npy["of_bound"] < 1.2
+    # KvikIO's read of the same file into device memory, where it installs; else a note saying why not.
+    kvikio = [row for row in figures if row["name"].startswith("peer: kvikio")]
+    if kvikio:
+        assert kvikio[0]["check"] == "the file's bytes" and 0.05 < kvikio[0]["of_bound"] < 1.2
+    else:
+        assert "peer kvikio not run" in result.stdout
     gpus = [row for (name, _), row in rows.items() if name == "gpus"]
     visible = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.count("GPU ")
     assert [row["key"] for row in gpus] == [f"h2d-{count}" for count in range(1, visible + 1)]
     assert 0.5 < gpus[0]["images_per_second"] / bound["images_per_second"] < 2  # one GPU: the bounds row, another way
+
+
+@pytest.mark.gpu_if_present
+def test_the_gpus_rows_alone_name_the_device(tmp_path: Path) -> None:
+    """`--rows gpus` alone (the driver only, no context of cnnlab's) names the GPU its rows are of, as nvidia-smi does."""
+    result = cnnlab("bench", "--rows", "gpus", "--repeats", "1", "--json", tmp_path / "b.json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "b.json").read_text())
+    if not report["figures"]:
+        assert "gpus rows not run" in result.stdout
+        return
+    names = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True).stdout
+    assert report["device"] == names.splitlines()[0].strip()
 
 
 def test_the_npy_row_times_a_run_over_the_file_on_a_backend_of_its_own(rng: np.random.Generator) -> None:
@@ -184,8 +206,20 @@ def test_the_npy_row_times_a_run_over_the_file_on_a_backend_of_its_own(rng: np.r
         return made[-1]
 
     images = rng.standard_normal((64, 100, 100))
-    rate, (slowest, fastest) = npy_file_rate(backend, images, repeats=3)
+    with npy_in_page_cache(images) as path:
+        assert (np.load(path) == images).all()
+        rate, (slowest, fastest) = npy_file_rate(backend, path, len(images), repeats=3)
+    assert not path.exists()
     assert len(made) == 1 and 0 < slowest <= rate <= fastest < 1e9
+
+
+def test_the_kvikio_peer_is_a_note_saying_why_where_it_does_not_install(tmp_path: Path, rng: np.random.Generator) -> None:
+    """Where KvikIO (or CuPy) does not import, the npy row's peer is a note naming what is missing, not a failed bench."""
+    if importlib.util.find_spec("kvikio") is not None:
+        pytest.skip("KvikIO is installed here: the GPU test checks its row")
+    with npy_in_page_cache(rng.standard_normal((4, 100, 100))) as path:
+        figures, notes = run_peers(("kvikio",), "npy", "h2d", 4, 1, None, file=str(path), flops_per_image=None)
+    assert figures == [] and len(notes) == 1 and notes[0].startswith("peer kvikio not run: not installed (No module named")
 
 
 class StandInGpu:

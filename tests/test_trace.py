@@ -239,9 +239,11 @@ def test_stream_spans_share_a_group_s_boundaries_and_reuse_settled_events(monkey
 @pytest.mark.gpu
 @pytest.mark.skipif(WHY_NO_GPU is not None, reason=str(WHY_NO_GPU))
 @pytest.mark.parametrize("host_parse", [False, True], ids=["gpu-parse", "host-parse"])
-def test_cuda_trace_has_each_stream_s_copies_and_the_rung_s_kernels(files: tuple[Path, Path], tmp_path: Path, host_parse: bool) -> None:
+def test_cuda_trace_chunks_has_each_stream_s_copies_and_the_rung_s_kernels(
+    files: tuple[Path, Path], tmp_path: Path, host_parse: bool
+) -> None:
     options = ["--batch", "64", "--kernel", "two_kernels", *(["--host-parse"] if host_parse else [])]
-    result = cnnlab("cuda", *files, tmp_path / "out.csv", *options, "--trace", tmp_path / "t.json")
+    result = cnnlab("cuda", *files, tmp_path / "out.csv", *options, "--trace", tmp_path / "t.json", "--trace-chunks")
     assert result.returncode == 0, result.stderr
     trace = json.loads((tmp_path / "t.json").read_text())
     names = assert_trace_format(trace)
@@ -271,3 +273,59 @@ def test_cuda_trace_has_each_stream_s_copies_and_the_rung_s_kernels(files: tuple
     assert all(loop["ts"] - 100 <= event["ts"] and event["ts"] + event["dur"] <= loop["ts"] + loop["dur"] + 100 for event in gpu)
     reduces = [event for event in trace["traceEvents"] if event["name"] == "reduce"]
     assert reduces and names[(reduces[0]["pid"], reduces[0]["tid"])] == "main loop"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(WHY_NO_GPU is not None, reason=str(WHY_NO_GPU))
+@pytest.mark.parametrize("host_parse", [False, True], ids=["gpu-parse", "host-parse"])
+def test_cuda_trace_has_a_span_of_each_batch_on_each_stream_and_no_chunk_s(
+    files: tuple[Path, Path], tmp_path: Path, host_parse: bool
+) -> None:
+    """Without --trace-chunks a stream has a span of each batch's work on it (two events: its start and end), inside the
+    batch's compute(), its images adding up to the batch's; no chunk's spans on the streams or the main thread."""
+    options = ["--batch", "64", *(["--host-parse"] if host_parse else [])]
+    result = cnnlab("cuda", *files, tmp_path / "out.csv", *options, "--trace", tmp_path / "t.json")
+    assert result.returncode == 0, result.stderr
+    plain = cnnlab("cuda", *files, tmp_path / "plain.csv", *options)
+    assert plain.returncode == 0, plain.stderr
+    assert (tmp_path / "out.csv").read_bytes() == (tmp_path / "plain.csv").read_bytes()
+    trace = json.loads((tmp_path / "t.json").read_text())
+    names = assert_trace_format(trace)
+    gpu = [event for event in trace["traceEvents"] if event["ph"] == "X" and names[(event["pid"], event["tid"])].startswith("stream ")]
+    assert gpu and {event["name"] for event in gpu} == {"batch"}
+    assert trace["otherData"]["stream_events"] == 2 * len(gpu)
+    computes = [span for span in spans_named(trace, names, "main loop") if span["name"] == "compute"]
+    assert len(computes) == 5
+    for number, compute in enumerate(computes):  # 64 images a batch, the last 44
+        spans = [event for event in gpu if event["args"]["batch"] == number]
+        assert len({event["tid"] for event in spans}) == len(spans) >= 1  # one a stream that got chunks
+        assert sum(event["args"]["images"] for event in spans) == (64 if number < 4 else 44)
+        assert all(compute["ts"] - ROUNDING_US <= event["ts"] and event["ts"] + event["dur"] <= compute["ts"] + compute["dur"] + 100
+                   for event in spans)  # fmt: skip
+    assert not {"images ready", "wait for chunk", "reduce"} & {event["name"] for event in trace["traceEvents"]}
+    from cnnlab.trace.plot import summarize
+
+    assert 0 < summarize(trace).busy["lane"] <= 1
+
+
+def test_trace_chunks_without_a_trace_is_refused(files: tuple[Path, Path], tmp_path: Path) -> None:
+    message = assert_one_line_error(cnnlab("cuda", *files, tmp_path / "out.csv", "--trace-chunks"))
+    assert message == "cnnlab: --trace-chunks adds to a trace: give --trace FILE too\n"
+    assert not (tmp_path / "out.csv").exists()
+
+
+def test_a_stream_s_batch_spans_are_the_lanes_busy_share_and_the_main_loop_s_are_containers() -> None:
+    """trace-plot's resources: on a stream, a batch span (the default cuda trace) is the lanes' work; on the main loop, a
+    batch holds its compute and counts toward nothing."""
+    from cnnlab.trace.plot import summarize
+    from cnnlab.trace.recorder import GPU_PID, HOST_PID
+
+    def span(name: str, pid: int, ts: float, dur: float) -> dict[str, Any]:
+        return {"name": name, "ph": "X", "pid": pid, "tid": 7, "ts": ts, "dur": dur}
+
+    names = [{"name": "thread_name", "ph": "M", "pid": pid, "tid": 7, "args": {"name": name}}
+             for pid, name in ((HOST_PID, "main loop"), (GPU_PID, "stream 1"))]  # fmt: skip
+    events = [span("loop", HOST_PID, 0, 100), span("batch", HOST_PID, 0, 60), span("compute", HOST_PID, 10, 40),
+              span("batch", GPU_PID, 20, 25), span("batch", GPU_PID, 70, 5)]  # fmt: skip
+    summary = summarize({"traceEvents": events + names})
+    assert summary.busy == {"compute": pytest.approx(0.4), "lane": pytest.approx(0.3)}

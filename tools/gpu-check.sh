@@ -30,8 +30,9 @@
 #             30,000-image cpu job's wall (5.6 GB, page cache), three runs
 #   cpujob    30,000 CSV images (5.6 GB, page cache): cnnlab cpu's wall time, three runs, against cuda's, outputs compared,
 #             and each mode's phases (tools/profile_startup.py)
-#   trace     the same job in cpu and cuda mode without and with --trace, in turns in one process (the loop's seconds and
-#             their ratio: tools/trace_overhead.py), a trace of each drawn by trace-plot into $OUT, and tests/test_trace.py
+#   trace     the same job in cpu and cuda mode without and with --trace (and --trace-chunks in cuda mode), in turns in one
+#             process (the loop's seconds and their ratios: tools/trace_overhead.py), a trace of each drawn by trace-plot
+#             into $OUT (cuda's with --trace-chunks too), and tests/test_trace.py
 #   two       rung 12 (the card's two kernels, rung 9's conv and rung 7's dense) at several pass sizes beside rungs 6
 #             and 7, each kernel alone, and the resident row with each (tools/ladder_sweep.py two)
 #   dask      the Dask path's tests (a local cluster of worker processes, the cuda backend among them), and the Dask
@@ -250,6 +251,8 @@ for stage in $stages; do
           python3 tools/trace_overhead.py $mode "$WORK/job/cnn.csv" "$WORK/job/in30k.csv" --runs $2 --trace "$OUT/trace-$mode.json.gz"
           cnnlab trace-plot "$OUT/trace-$mode.json.gz" "$OUT/trace-$mode.png"
         done
+        cnnlab cuda "$WORK/job/cnn.csv" "$WORK/job/in30k.csv" "$WORK/job/out.csv" --trace "$OUT/trace-cuda-chunks.json.gz" --trace-chunks
+        cnnlab trace-plot "$OUT/trace-cuda-chunks.json.gz" "$OUT/trace-cuda-chunks.png"
         python3 -m pytest -q -rs -p no:cacheprovider tests/test_trace.py
       } 2>&1 | tee "$OUT/trace.log" || status=1
       rm -rf "$WORK/job" ;;

@@ -1,6 +1,6 @@
 """`cnnlab bench`'s GPU rows: the lab's one image per launch, batches from page-locked memory, a .npy file in the page
-cache as the command line runs it, images resident on the device, the copy bounds (with every GPU copying at once too),
-and the ladder's rungs, each timed against the bound measured in the same run.
+cache as the command line runs it (and KvikIO's read of it, the peer), images resident on the device, the copy bounds
+(with every GPU copying at once too), and the ladder's rungs, each timed against the bound measured in the same run.
 
 Paths that end on the host (compute(), which returns finished outputs) are timed with perf_counter;
 the copy bounds and the ladder's kernels, pure device work, with CUDA events.
@@ -13,7 +13,8 @@ import os
 import statistics
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from cnnlab.bench.gpus import COPY_BYTES, aggregate_bound
+from cnnlab.bench.peers import run_peers
 from cnnlab.bench.report import D2D_BOUND, BenchOptions, BenchReport, Figure, median_rate, rate_and_spread
 from cnnlab.compare import rule_verdict
 from cnnlab.cpu.backend import CpuBackend
@@ -158,10 +160,11 @@ def bench_cuda(cnn: Cnn, options: BenchOptions, rng: np.random.Generator, report
         batched_rows(cnn, options, config, host_bytes, rng, report)
 
 
-def bench_gpus(options: BenchOptions) -> list[Figure]:
+def bench_gpus(options: BenchOptions, report: BenchReport) -> list[Figure]:
     """The gpus rows: what the host feeds 1..N of its GPUs copying at once (bench/gpus.py); needs the driver alone."""
     figures = []
     for copies in aggregate_bound(COPY_BYTES, options.repeats):
+        report.device = report.device or copies.device
         name = f"bound: host-to-device copies, {copies.gpus} GPU{'s' * (copies.gpus > 1)} at once"
         rate = copies.total * 1e9 / IMAGE_BYTES
         figures.append(Figure("gpus", name, rate, key=f"h2d-{copies.gpus}", bytes_per_image=IMAGE_BYTES))
@@ -193,11 +196,16 @@ def batched_rows(
             name = "cuda, batched from page-locked memory, copies included"
             report.figures.append(Figure("pinned", name, rate, "h2d", bytes_per_image=host_bytes, flops_per_image=FLOPS_PER_IMAGE))
         if "npy" in options.rows:
-            rate, spread = npy_file_rate(partial(CudaContext, cnn, config=config), host, options.repeats)
-            name = "cuda, a .npy file in the page cache, as `cnnlab cuda` runs it"
-            report.figures.append(
-                Figure("npy", name, rate, "h2d", bytes_per_image=host_bytes, flops_per_image=FLOPS_PER_IMAGE, spread=spread)
-            )
+            with npy_in_page_cache(host) as path:
+                rate, spread = npy_file_rate(partial(CudaContext, cnn, config=config), path, len(host), options.repeats)
+                name = "cuda, a .npy file in the page cache, as `cnnlab cuda` runs it"
+                report.figures.append(
+                    Figure("npy", name, rate, "h2d", bytes_per_image=host_bytes, flops_per_image=FLOPS_PER_IMAGE, spread=spread)
+                )
+                peer, notes = run_peers(("kvikio",), "npy", "h2d", len(host), options.repeats, None, file=str(path),
+                                        bytes_per_image=IMAGE_BYTES, flops_per_image=None)  # fmt: skip
+                report.figures += peer
+                report.notes += notes
         if "resident" in options.rows:
             rate = median_rate(options.images, lambda: context.compute_resident(resident), options.repeats)
             bytes_per_image = ladder.BY_NAME[config.kernel].device_bytes
@@ -222,24 +230,31 @@ def batched_rows(
         context.free(resident)
 
 
-def npy_file_rate(make_backend: Callable[[], Backend], images: np.ndarray, repeats: int) -> tuple[float, tuple[float, float]]:
-    """Images/s of a run over `images` saved as a .npy file, which saving leaves in the page cache: the loop of
-    run_network (as --timing-json gives it) on a backend of its own (its buffers go with it), median and spread of
-    `repeats` after one warm-up. A file that cannot be written (a full disk) is a ResourceError, a note in the report."""
-    from cnnlab.run import run_network
-
+@contextmanager
+def npy_in_page_cache(images: np.ndarray) -> Iterator[Path]:
+    """`images` saved as a .npy file in a folder of its own, written back to the disk (whose writes would compete with
+    the runs) and left in the page cache; removed after. A file that cannot be written (a full disk) is a ResourceError,
+    a note in the report."""
     with tempfile.TemporaryDirectory(prefix="cnnlab-bench-") as folder:
-        path, out = Path(folder) / "in.npy", Path(folder) / "out.npy"
+        path = Path(folder) / "in.npy"
         try:
             with path.open("wb") as file:
                 np.save(file, images)
                 file.flush()
-                os.fsync(file.fileno())  # written back before the runs: the disk's writes would compete with them
+                os.fsync(file.fileno())
         except OSError as error:
             raise ResourceError(f"cannot write {len(images):,} images to {folder} for the npy row: {error.strerror or error}") from None
-        with make_backend() as backend:
-            loops = [run_network(backend, path, out).loop_seconds for _ in range(repeats + 1)][1:]
-    return rate_and_spread(len(images), loops)
+        yield path
+
+
+def npy_file_rate(make_backend: Callable[[], Backend], path: Path, count: int, repeats: int) -> tuple[float, tuple[float, float]]:
+    """Images/s of a run over the .npy file of `count` images at `path`: the loop of run_network (as --timing-json gives
+    it) on a backend of its own (its buffers go with it), median and spread of `repeats` after one warm-up."""
+    from cnnlab.run import run_network
+
+    with make_backend() as backend:
+        loops = [run_network(backend, path, path.with_name("out.npy")).loop_seconds for _ in range(repeats + 1)][1:]
+    return rate_and_spread(count, loops)
 
 
 def fp64_peak(setup: DeviceSetup) -> float | None:

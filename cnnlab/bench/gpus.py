@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from functools import partial
 
 from cnnlab.errors import DeviceError
 
@@ -54,6 +55,9 @@ class Gpu:
         self.cuda, self.nbytes = cuda, nbytes
         handle, self.context = ctypes.c_int(), ctypes.c_void_p()
         check_result(cuda.cuDeviceGet(ctypes.byref(handle), ordinal), "cuDeviceGet")
+        name = ctypes.create_string_buffer(256)
+        check_result(cuda.cuDeviceGetName(name, len(name), handle), "cuDeviceGetName")
+        self.name = name.value.decode(errors="replace")
         check_result(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(self.context), handle), "cuDevicePrimaryCtxRetain")
         owned.callback(cuda.cuDevicePrimaryCtxRelease_v2, handle)
         self.current()
@@ -125,31 +129,32 @@ def at_once(gpus: list[Gpu], work: Callable[[int, Gpu], list[float]]) -> tuple[f
 
 @dataclass(frozen=True)
 class CopiesAtOnce:
-    """Host-to-device copies from page-locked memory with `gpus` GPUs copying at once: GB/s in total and on each."""
+    """Host-to-device copies from page-locked memory with `gpus` GPUs copying at once: GB/s in total and on each, and
+    the name of the first (the device the rows are of)."""
 
     gpus: int
     total: float
     each: tuple[float, ...]
+    device: str
 
 
 def aggregate_bound(nbytes: int, copies: int) -> list[CopiesAtOnce]:
     """With 1, 2, ... N of the visible GPUs copying at once: `copies` copies of `nbytes` a GPU (after one unseen, which
     wakes each link), timed as one run from the common start to the last GPU's end."""
-
-    def copying(times: int) -> Callable[[int, Gpu], list[float]]:
-        def work(index: int, gpu: Gpu) -> list[float]:
-            began = time.perf_counter()
-            for _ in range(times):
-                gpu.copy_from(gpu.host_buffer.value or 0)
-            return [time.perf_counter() - began]
-
-        return work
-
     figures = []
     with open_gpus(nbytes) as (_, gpus):
         for count in range(1, len(gpus) + 1):
-            at_once(gpus[:count], copying(1))
-            wall, seconds = at_once(gpus[:count], copying(copies))
+            at_once(gpus[:count], partial(_copies, 1))
+            wall, seconds = at_once(gpus[:count], partial(_copies, copies))
             gigabytes = copies * nbytes / 1e9
-            figures.append(CopiesAtOnce(count, count * gigabytes / wall, tuple(gigabytes / each[0] for each in seconds)))
+            each = tuple(gigabytes / gpu_seconds[0] for gpu_seconds in seconds)
+            figures.append(CopiesAtOnce(count, count * gigabytes / wall, each, gpus[0].name))
     return figures
+
+
+def _copies(times: int, index: int, gpu: Gpu) -> list[float]:
+    """`times` copies of the GPU's page-locked buffer to it, back to back: their seconds (at_once's work)."""
+    began = time.perf_counter()
+    for _ in range(times):
+        gpu.copy_from(gpu.host_buffer.value or 0)
+    return [time.perf_counter() - began]

@@ -6,16 +6,21 @@ against the ladder, and PyTorch on the CPU against the cpu row; each configured 
   (images x 400, 25) x (25, 10) product and the dense layer (images, 4000) x (4000, 10), with the
   weights' rows permuted once so the conv's output needs no transpose;
 - that same function under `torch.compile(mode="max-autotune-no-cudagraphs")` ("compiled");
-- JAX `jit`, with x64 enabled, the conv as an einsum over the reshaped images.
+- JAX `jit`, with x64 enabled, the conv as an einsum over the reshaped images;
+- and for the npy row, KvikIO's read of the .npy file into device memory (CuPy): what a user reaches for to bring a
+  file's bytes to the GPU, on as many threads as the host has cores (KVIKIO_NTHREADS; its 4 MiB tasks and page-locked
+  bounce buffers where GPUDirect Storage is absent, its default).
 
-Run as `python -m cnnlab.bench.peers FRAMEWORK [--device cpu] [--threads T] --images N --repeats R [--seed S]`:
+Run as `python -m cnnlab.bench.peers FRAMEWORK [--device cpu] [--threads T] --images N --repeats R [--seed S]` (kvikio:
+`--file F.npy` instead of the images):
 one JSON object a line on stdout, a `PeerResult`. `cnnlab bench` runs each framework in a subprocess of its
 own (run_peers), so that neither JAX's nor PyTorch's allocator, compiler and thread pool share a process
 with PyCUDA, cnnlab's threads or each other, and a framework that is missing or fails is a skipped row
 with its reason, not a failed bench.
 
-Every peer is timed on images resident on its device (a warm-up first, so compiling is not timed),
-median of the repeats, and its outputs are checked against the CPU backend under the lab's rule.
+Every network peer is timed on images resident on its device (a warm-up first, so compiling is not timed),
+median of the repeats, and its outputs are checked against the CPU backend under the lab's rule; the read, against the
+file's bytes.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ from cnnlab.network import (
     default_threads,
 )
 
-FRAMEWORKS = ("torch", "jax")
+FRAMEWORKS = ("torch", "jax")  # the network's peers (KvikIO, "kvikio", is the npy row's: a read, not the network)
 CHECK_IMAGES = 256  # images whose outputs are compared with the CPU's
 PEER_SECONDS = 420  # a framework's import, compiles and timing; past that it is reported as not run
 
@@ -156,15 +161,39 @@ def jax_peers(images: np.ndarray, cnn: Cnn, want: np.ndarray, repeats: int) -> l
     return [_result(f"jax {jax.__version__} jit (x64)", rates, np.asarray(outputs), want)]
 
 
+def kvikio_read(path: str, threads: int, repeats: int) -> list[PeerResult]:
+    """KvikIO's read of the .npy file at `path` into device memory, `threads` threads in its pool: images/s, median of
+    `repeats` after one warm-up; checked: the first and last images on the device are the file's bytes."""
+    os.environ["KVIKIO_NTHREADS"] = str(threads)  # read as KvikIO is imported
+    import cupy
+    import kvikio
+
+    on_disk = np.load(path, mmap_mode="r")
+    images = cupy.empty(on_disk.shape, on_disk.dtype)
+    rates = []
+    with kvikio.CuFile(path, "r") as file:
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            file.pread(images, on_disk.nbytes, on_disk.offset).get()
+            rates.append(len(on_disk) / (time.perf_counter() - start))
+    ends = (slice(None, CHECK_IMAGES), slice(-CHECK_IMAGES, None))
+    same = all((cupy.asnumpy(images[end]).view(np.uint64) == on_disk[end].view(np.uint64)).all() for end in ends)
+    name = f"kvikio {kvikio.__version__}, the file read into device memory ({threads} threads)"
+    rates = rates[1:]
+    return [PeerResult(name, statistics.median(rates), min(rates), max(rates), "the file's bytes" if same else "NOT the file's bytes")]
+
+
 def run_peers(
     frameworks: Sequence[str], row: str, bound: str, images: int, repeats: int, seed: int | None, on: str = "cuda",
-    threads: int | None = None, bytes_per_image: float | None = None,
+    threads: int | None = None, bytes_per_image: float | None = None, file: str | None = None,
+    flops_per_image: float | None = FLOPS_PER_IMAGE,
 ) -> tuple[list[Figure], list[str]]:
-    """Each framework's peers in a subprocess of its own, on `images` images on `on`: a figure of `row` (a share of
-    `bound`) for each that ran, and a note for each that did not, saying why."""
+    """Each framework's peers in a subprocess of its own, on `images` images on `on` (or the .npy `file`, for a read): a
+    figure of `row` (a share of `bound`) for each that ran, and a note for each that did not, saying why."""
     figures, notes = [], []
     environment = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
     command = ["--images", str(images), "--repeats", str(repeats), "--device", on, "--threads", str(threads or default_threads())]
+    command += [] if file is None else ["--file", file]
     for framework in frameworks:
         try:
             done = subprocess.run(
@@ -185,35 +214,40 @@ def run_peers(
                 spread = (result.slowest, result.fastest) if result.slowest and result.fastest else None
                 figures.append(Figure(
                     row, f"peer: {result.name}", result.images_per_second, bound, bytes_per_image=bytes_per_image,
-                    flops_per_image=FLOPS_PER_IMAGE, spread=spread, check=result.check,
+                    flops_per_image=flops_per_image, spread=spread, check=result.check,
                 ))
     return figures, notes
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cnnlab.bench.peers", description="Time the network in one framework (JSON lines out).")
-    parser.add_argument("framework", choices=FRAMEWORKS)
+    parser.add_argument("framework", choices=(*FRAMEWORKS, "kvikio"))
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="where the framework runs (jax: cuda only)")
     parser.add_argument("--threads", type=int, default=default_threads(), help="CPU threads, on the CPU")
     parser.add_argument("--images", type=int, default=65536)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seed", type=int)
+    parser.add_argument("--file", help="kvikio: the .npy file it reads")
     args = parser.parse_args(argv)
-    rng = np.random.default_rng(args.seed)
-    cnn = Cnn(random_values(rng, CONV_LAYER_SIZE, FILTER_DIM, FILTER_DIM), random_values(rng, OUT_LAYER_SIZE, OUT_NEURON_DIM))
-    images = random_values(rng, args.images, INPUT_DIM, INPUT_DIM)
-    with CpuBackend(cnn) as cpu:
-        want = cpu.compute(ImageBatch(images[:CHECK_IMAGES])).values
     try:
-        if args.framework == "torch":
-            results = torch_peers(images, cnn, want, args.repeats, args.device, args.threads)
-        else:
-            results = jax_peers(images, cnn, want, args.repeats)
+        results = kvikio_read(args.file, args.threads, args.repeats) if args.framework == "kvikio" else network_peers(args)
     except ImportError as error:
         results = [PeerResult(args.framework, skipped=f"not installed ({error})")]
     for result in results:
         print(json.dumps(asdict(result)), flush=True)
     return 0
+
+
+def network_peers(args: argparse.Namespace) -> list[PeerResult]:
+    """The framework's forms of the network on fresh images, checked against the CPU backend's outputs."""
+    rng = np.random.default_rng(args.seed)
+    cnn = Cnn(random_values(rng, CONV_LAYER_SIZE, FILTER_DIM, FILTER_DIM), random_values(rng, OUT_LAYER_SIZE, OUT_NEURON_DIM))
+    images = random_values(rng, args.images, INPUT_DIM, INPUT_DIM)
+    with CpuBackend(cnn) as cpu:
+        want = cpu.compute(ImageBatch(images[:CHECK_IMAGES])).values
+    if args.framework == "torch":
+        return torch_peers(images, cnn, want, args.repeats, args.device, args.threads)
+    return jax_peers(images, cnn, want, args.repeats)
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ def run_bench(options: BenchOptions, seed: int | None = None) -> BenchReport:
     if set(GPU_ROWS) & set(options.rows) or options.sweep:
         parts.append(("cuda", lambda: bench_cuda(cnn, options, rng, report), (CnnlabError,)))
     if "gpus" in options.rows:
-        parts.append(("gpus", lambda: bench_gpus(options), (CnnlabError,)))
+        parts.append(("gpus", lambda: bench_gpus(options, report), (CnnlabError,)))
     if "kernels" in options.rows:
         parts.append(("kernels", lambda: bench_kernels(cnn, options, rng, report), (CnnlabError,)))
     if "peers" in options.rows:

@@ -6,6 +6,7 @@ the driver's files, tears the context down, which cuda mode leaves to a helper (
 
 from __future__ import annotations
 
+import os
 import statistics
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 from cnnlab.bench.report import BenchOptions, Startup
+from cnnlab.cuda.gpus import VISIBLE
 from cnnlab.resources import resource_dir
 
 # The driver's start alone, in a bare interpreter (-S: no site, so nothing but ctypes is imported): prints its seconds.
@@ -49,9 +51,11 @@ def bench_startup(options: BenchOptions) -> tuple[list[Startup], list[str]]:
     after a run that warms the page cache and the bytecode; notes on what did not run."""
     rows, notes = [], []
     floor, driver_start = [], []
+    # The driver shown only GPU 0, as `cnnlab cuda` shows it (gpus.show_only): cuInit starts every GPU it sees.
+    shown = os.environ if VISIBLE in os.environ else {**os.environ, VISIBLE: "0"}
     for _ in range(options.repeats):
         start = time.perf_counter()
-        done = subprocess.run([sys.executable, "-S", "-c", DRIVER_START], capture_output=True, text=True)
+        done = subprocess.run([sys.executable, "-S", "-c", DRIVER_START], capture_output=True, text=True, env=shown)
         floor.append(time.perf_counter() - start)
         if done.returncode != 0:
             notes.append("start-up floor not measured: no CUDA driver or GPU answered")

@@ -52,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
     if len(files) != 3:
         raise UsageError(f"{args.mode} takes CNN_FILE INPUT_FILE OUTPUT_FILE, or no files for the default data")
     cnn_path, input_path, output_path = files
+    if args.trace_chunks and args.trace is None:
+        raise UsageError("--trace-chunks adds to a trace: give --trace FILE too")
     refuse_same_file(output_path, {"input file": input_path, "CNN file": cnn_path})
     output = output_target(output_path)  # a folder that cannot take the output is found before the run, not after it
     # `-` as the output is standard output: the other outputs are checked against the file the shell opened it on.
@@ -67,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
             others[f"{option} file"] = path
     cnn = read_cnn(cnn_path)
     gpus = named_gpus(args.devices, args.device)
-    recorder = start_trace() if args.trace is not None else None
+    recorder = start_trace(args.trace_chunks) if args.trace is not None else None
     trace: Tracer = recorder or NO_TRACE
     # Every write first (the outputs, --timing-json, --trace, the lab's line), every rename last: a failure or a signal
     # anywhere before leaves each path as it was.
@@ -100,11 +102,11 @@ def closed_on_failure(backend: Backend) -> Iterator[Backend]:
         raise
 
 
-def start_trace() -> Recorder:
-    """--trace's recorder, imported only where a trace is asked for."""
+def start_trace(chunks: bool) -> Recorder:
+    """--trace's recorder (each GPU chunk's spans too, where `chunks`), imported only where a trace is asked for."""
     from cnnlab.trace.recorder import Recorder
 
-    return Recorder()
+    return Recorder(chunks)
 
 
 def write_trace(out: Any, args: argparse.Namespace, device: str, stats: RunStats, trace: Recorder) -> None:

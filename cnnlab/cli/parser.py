@@ -187,6 +187,12 @@ def _add_run(subcommands: Any, mode: str) -> None:
         from cnnlab.cuda.ladder import BY_NAME, DEFAULT_KERNEL
 
         run.add_argument(
+            "--trace-chunks",
+            action="store_true",
+            help="with --trace: each chunk's copies, parse and kernels on its stream and the main thread's waits for it, not a "
+            "span of each batch on each stream (costs the loop more: docs/trace.md)",
+        )
+        run.add_argument(
             "--host-parse",
             action="store_true",
             help="parse CSV input on the host's cores, as cpu mode does, instead of on the GPU (the default)",
@@ -206,7 +212,9 @@ def _add_run(subcommands: Any, mode: str) -> None:
             help=f"the rung of the optimization ladder that computes (docs/ladder.md; default {DEFAULT_KERNEL}, the design card's "
             f"conv2d_relu + flattened_to_dense): {', '.join(BY_NAME)}",
         )
-    run.set_defaults(handler=commands.run, mode=mode, host_parse=False, kernel=None, device=None, devices=None, process_ends=False)
+    run.set_defaults(
+        handler=commands.run, mode=mode, host_parse=False, trace_chunks=False, kernel=None, device=None, devices=None, process_ends=False
+    )
 
 
 def _add_generate(subcommands: Any) -> None:

@@ -100,7 +100,8 @@ class CudaContext:
         `batch_size`: images per compute() call from the command line; `config`: how the work is spread;
         `parse_csv`: whether CSV text is parsed on the device (the command line's cuda mode); `threads`: the host
         threads that read the input and copy host arrays into page-locked memory (default: every core); `device`: which
-        GPU, counted from 0 as nvidia-smi does; `trace`: what gets spans of the copies, kernels and reduction (--trace).
+        GPU, counted from 0 as nvidia-smi does; `trace`: what gets a span of each batch's work on each stream (--trace),
+        or of each chunk's copies, kernels and reduction (--trace-chunks).
         """
         self.config = config or LaunchConfig()
         self._parse_csv = parse_csv  # CSV input parsed here on the device; False: by the host's reader
@@ -123,7 +124,7 @@ class CudaContext:
         try:
             self.device = gpu.name()
             with device_errors(f"cannot load {modules.cnn}"):
-                self._module = trace.launches(driver.module_from_file(str(modules.cnn)))
+                self._module = trace.per_chunk.launches(driver.module_from_file(str(modules.cnn)))
                 self._csv_module = driver.module_from_file(str(modules.csv))  # one span a chunk ("parse text"), not five
                 driver.memcpy_htod(self._module.get_global("filters")[0], cnn.filters)
                 self._weights = self.memory.device(cnn.weights.nbytes)

@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 class DeviceSetup:
     """What a launcher needs of the context: the device's limits, the weights on the device, and the
     rungs' modules, each built (where stale) and loaded on first need, with the filters copied into
-    its constant memory where it has them; where `trace` records, each kernel's launches are spans on their streams."""
+    its constant memory where it has them; where `trace` records each chunk's spans (--trace-chunks), each kernel's
+    launches are spans on their streams."""
 
     def __init__(
         self, driver: Driver, device: DriverDevice, memory: Allocator, cnn: Cnn, weights: DeviceAllocation, trace: Tracer = NO_TRACE
@@ -35,7 +36,7 @@ class DeviceSetup:
     def module(self, build: Build) -> Any:
         key = (build.source, build.variant)
         if key not in self._modules:
-            module = self._trace.launches(self.driver.module_from_file(str(ensure_fatbin(build))))
+            module = self._trace.per_chunk.launches(self.driver.module_from_file(str(ensure_fatbin(build))))
             try:
                 symbol = module.get_global("filters")[0]
             except self.driver.Error:  # no such symbol: this source reads its filters from global memory

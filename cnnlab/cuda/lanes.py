@@ -16,6 +16,7 @@ queued, and once at the end, `finish(lanes)`.
 from __future__ import annotations
 
 import math
+from contextlib import ExitStack
 from typing import Any, Protocol
 
 import numpy as np
@@ -246,7 +247,7 @@ class Lanes:
                     raise DeviceError(f"{streams} lanes of {self.chunk} images need more than {cap} bytes")
                 with device_errors("cannot allocate device buffers"):
                     for _ in range(streams):
-                        self.lanes.append(Lane(driver, memory, self.chunk, launcher, trace))
+                        self.lanes.append(Lane(driver, memory, self.chunk, launcher, trace.per_chunk))
                 return
             except DeviceError:
                 self.free()
@@ -260,7 +261,7 @@ class Lanes:
     def run(self, count: int, source: ChunkSource, chunk: int | None = None, check_finite: bool = False) -> OutputBatch:
         """The outputs of `count` images from `source`, added up on the host as each chunk's partials arrive."""
         chunk = chunk or self.chunk
-        outputs = HostOutputs(self._partials_for(math.ceil(count / chunk)), self._chunk_done, count, chunk, self._trace)
+        outputs = HostOutputs(self._partials_for(math.ceil(count / chunk)), self._chunk_done, count, chunk, self._trace.per_chunk)
         self.schedule(count, source, chunk, outputs, check_finite)
         return OutputBatch(outputs.values[:count])
 
@@ -271,31 +272,37 @@ class Lanes:
         was a NaN or an infinity (found by conv2d_relu as it loads them, or, for a rung whose kernels make
         no such check, by find_nonfinite before them)."""
         lanes, trace = len(self.lanes), self._trace
+        per_chunk = trace.per_chunk  # the trace of each chunk's spans, or NO_TRACE and a span of the batch on each stream
         chunks, batch = math.ceil(count / chunk), self._batches
         self._batches += 1
         flag = np.zeros(1, np.int32)
         separate_check = check_finite and not self._launcher.checks_finite
-        with device_errors("CUDA error while computing"):
+        with device_errors("CUDA error while computing"), ExitStack() as batch_spans:
             if check_finite:
                 self._driver.memset_d32(self._nonfinite, 0, 1)
             for first in range(0, chunks, lanes):
                 round_ = range(first, min(first + lanes, chunks))
                 for index in round_:
                     lane = self.lanes[index % lanes]
-                    with trace.group("chunk in", lane.stream, batch=batch, chunk=index, images=min(chunk, count - index * chunk)):
+                    if index < lanes and per_chunk is not trace:  # the lane's first chunk: its batch span opens
+                        own = range(index, chunks, lanes)
+                        images = sum(min(chunk, count - mine * chunk) for mine in own)
+                        batch_spans.enter_context(trace.span("batch", lane.stream, batch=batch, chunks=len(own), images=images))
+                    with per_chunk.group("chunk in", lane.stream, batch=batch, chunk=index, images=min(chunk, count - index * chunk)):
                         source.start(lane, index)
                 for index in round_:
                     lane = self.lanes[index % lanes]
                     images = min(chunk, count - index * chunk)
-                    with trace.span("images ready", chunk=index):
+                    with per_chunk.span("images ready", chunk=index):
                         address = source.images(lane, index)
-                    with trace.group("kernels", lane.stream, batch=batch, chunk=index, images=images):
+                    with per_chunk.group("kernels", lane.stream, batch=batch, chunk=index, images=images):
                         if separate_check:
                             self._find_nonfinite(lane.stream, address, images, self._nonfinite)
                         lane.run(self._launcher, address, images)
                     # Queued right after the kernels: its copy starts at their end, with no event of its own.
-                    with trace.group("chunk out", lane.stream, follows=True, batch=batch, chunk=index, images=images):
+                    with per_chunk.group("chunk out", lane.stream, follows=True, batch=batch, chunk=index, images=images):
                         outputs.take(lane, index, images)
+            batch_spans.close()  # each ends with the last work queued on its stream, before the wait for it
             outputs.finish(self.lanes)
             for lane in self.lanes:
                 trace.settle(lane.stream)

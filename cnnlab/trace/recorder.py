@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from cnnlab.network import NO_TRACE, Tracer
+
 HOST_PID, GPU_PID = 1, 2  # the trace's two processes: the host's threads and the GPU's streams
 MAIN_THREAD = "main loop"  # the main thread's track: the loop and compute() (the writes too, where not on the writer's)
 
@@ -161,11 +163,13 @@ def _metadata(kind: str, pid: int, tid: int, **args: Any) -> dict[str, Any]:
 
 
 class Recorder:
-    """The spans of a run, from any thread (list.append is atomic under the GIL), written as JSON by write()."""
+    """The spans of a run, from any thread (list.append is atomic under the GIL), written as JSON by write(); each GPU
+    chunk's spans too where `chunks` (--trace-chunks), else a span of each batch's work on each stream."""
 
     enabled = True
 
-    def __init__(self) -> None:
+    def __init__(self, chunks: bool = False) -> None:
+        self.per_chunk: Tracer = self if chunks else NO_TRACE
         self.spans: list[tuple[str, int, int, float, float, dict[str, Any]]] = []  # name, pid, tid, start and end ns, args
         self._pieces: list[tuple[str, np.ndarray, np.ndarray]] = []  # spans timed in native code, as pieces() was given them
         self.metadata: dict[str, Any] = {}  # the run's figures, as the trace's otherData
