@@ -1,9 +1,10 @@
 """What a run needs of a backend: the Backend protocol that the CPU and CUDA backends share, Batch (what its compute()
-takes) and TextBatching (how a backend that parses CSV itself takes its text).
+takes), TextBatching (how a backend that parses CSV itself takes its text) and DeviceRoom (where a backend with a device
+of its own takes a file's images straight from the file).
 
-Batch joins the two kinds of batch a run reads: images (network.py's ImageBatch) and the input file's text
-(files/csv_batch.py's CsvBatch, which the reader makes). This module stands above both, so that network.py, below
-files/, needs nothing of it.
+Batch joins the three kinds of batch a run reads: images in host memory (network.py's ImageBatch), the input file's
+text (files/csv_batch.py's CsvBatch, which the reader makes), and images copied from a file into a backend's device
+memory (DeviceBatch). This module stands above them, so that network.py, below files/, needs nothing of it.
 """
 
 from __future__ import annotations
@@ -19,8 +20,36 @@ from cnnlab.network import ImageBatch, OutputBatch
 if TYPE_CHECKING:
     from typing import Self
 
-# What compute() takes: a batch of images, or (where csv_text is set) a batch of the input file's text.
-Batch = ImageBatch | CsvBatch
+class DeviceRoom(Protocol):
+    """Device memory for `capacity` images, which a file's bytes are copied into with no stop in a host buffer of the
+    run's (a backend's device_room())."""
+
+    capacity: int
+
+    def fill(self, fd: int, offset: int, count: int) -> int:
+        """Copy `count` images' bytes of the file `fd` from `offset` into the room's first images: the bytes copied, fewer
+        only where the file ends first."""
+        ...
+
+    def host_copy(self, count: int) -> np.ndarray:
+        """The room's first `count` images, copied back to the host: to name the image a compute() refused."""
+        ...
+
+
+@dataclass(frozen=True)
+class DeviceBatch:
+    """The first `count` images of a device room, filled from a file."""
+
+    room: DeviceRoom
+    count: int
+
+    def __len__(self) -> int:
+        return self.count
+
+
+# What compute() takes: a batch of images, (where csv_text is set) a batch of the input file's text, or (from a room
+# device_room() made) images in the backend's device memory.
+Batch = ImageBatch | CsvBatch | DeviceBatch
 
 
 @dataclass(frozen=True)
@@ -51,6 +80,11 @@ class Backend(Protocol):
 
     def allocate_images(self, count: int) -> np.ndarray:
         """A host buffer of shape (count, 100, 100) that compute() reads fastest from."""
+        ...
+
+    def device_room(self, count: int) -> DeviceRoom | None:
+        """Room in the backend's device memory for `count` images that a regular file's bytes are copied straight into
+        (a DeviceBatch for compute()); None where there is no such way (the CPU; several GPUs, which share a batch)."""
         ...
 
     def allocate_text(self, nbytes: int) -> np.ndarray:

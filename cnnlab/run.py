@@ -2,7 +2,8 @@
 
 A reader thread parses the next batch while this one computes, straight into the buffers the
 backend reads fastest from (page-locked ones for CUDA); a .npy file the CPU computes from is
-mapped instead, and its batches are handed over in place. A writer thread writes each batch's
+mapped instead, and its batches are handed over in place; a regular .npy file the GPU computes
+from is copied straight into its device memory (its rooms). A writer thread writes each batch's
 outputs to a regular file while the next computes.
 
 Only backend.compute() is timed: the lab's "actual work", without reading or writing files.
@@ -22,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from cnnlab.backend import Backend, Batch
+from cnnlab.backend import Backend, Batch, DeviceBatch, DeviceRoom
 from cnnlab.errors import ArrayError, InputFileError
 from cnnlab.files.csv_batch import CsvBatch
 from cnnlab.files.csv_reader import CsvImageReader
@@ -219,6 +220,12 @@ def _view_images(reader: NpyImageReader, images: int, slot: Any, stop: threading
     return ImageBatch(view) if len(view) else None
 
 
+def _fill_room(reader: NpyImageReader, room: DeviceRoom, stop: threading.Event) -> DeviceBatch | None:
+    """The next batch of a regular .npy file, copied straight into a backend's device room."""
+    count = reader.read_to_device(room)
+    return DeviceBatch(room, count) if count else None
+
+
 def _read_text(reader: CsvImageReader, images: int, chunk: int, slot: Any, stop: threading.Event) -> CsvBatch | None:
     """The next batch of CSV text (the reader keeps its windows: a slot is only a turn)."""
     return reader.read_text(images, chunk)
@@ -277,9 +284,13 @@ def run_network(
             mapped = backend.reads_in_place and isinstance(reader, NpyImageReader) and reader.map()
             # The backend's batch, else the reader's step (a mapped file's views); never buffers for images the file cannot hold.
             batch_size = min(backend.batch_size or (VIEW_IMAGES if mapped else reader.step), reader.count, reader.capacity)
+            room = isinstance(reader, NpyImageReader) and reader.seekable and backend.device_room(batch_size)
             if mapped:
                 assert isinstance(reader, NpyImageReader)
                 read, buffers = partial(_view_images, reader, batch_size), [None] * slots
+            elif room:  # a regular .npy file, a backend with a device: its bytes go straight to the device's rooms
+                assert isinstance(reader, NpyImageReader)
+                read, buffers = partial(_fill_room, reader), [room] + [backend.device_room(batch_size) for _ in range(slots - 1)]
             else:
                 batch_size = fit_batch(reader, batch_size, slots, backend.threads)
                 read, buffers = partial(fill_images, reader), [backend.allocate_images(batch_size) for _ in range(slots)]
@@ -315,10 +326,11 @@ def run_network(
 
 def _non_finite_image(input_path: str | os.PathLike, batch: Batch, first_image: int) -> InputFileError:
     """The error naming the first image (counted from 1) of a batch that holds a NaN or an infinity."""
-    assert isinstance(batch, ImageBatch)  # CSV text is never refused here: its parsers refuse such values
-    index = first_nonfinite(batch.images)
+    assert not isinstance(batch, CsvBatch)  # CSV text is never refused here: its parsers refuse such values
+    images = batch.images if isinstance(batch, ImageBatch) else batch.room.host_copy(len(batch))
+    index = first_nonfinite(images)
     assert index is not None
-    value = batch.images[index]
+    value = images[index]
     return InputFileError(input_path, f"image {first_image + index[0] + 1} holds {value}: the network takes finite values only")
 
 

@@ -88,9 +88,13 @@ class CpuBackend(HostMemory):
         """A buffer on pages of its own, huge where the kernel gives them: the reader fills it with few faults."""
         return own_pages(count * IMAGE_BYTES, "an image buffer").view(np.float64).reshape(count, INPUT_DIM, INPUT_DIM)
 
+    def device_room(self, count: int) -> None:
+        """None: the CPU has no device memory; a file's images are mapped (reads_in_place) or read into host buffers."""
+        return None
+
     def compute(self, batch: Batch, check_finite: bool = False) -> OutputBatch:
         """The batch's outputs; `check_finite`: an ArrayError where an image holds a NaN or an infinity."""
-        assert isinstance(batch, ImageBatch)  # CSV text comes only to a backend with csv_text set
+        assert isinstance(batch, ImageBatch)  # CSV text comes only to a backend with csv_text set, a DeviceBatch with a room
         outputs = np.empty((len(batch), OUT_LAYER_SIZE))
         if self._forward.compute(batch.images, outputs, check_finite) >= 0:
             raise nonfinite_error("images")

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from cnnlab.arrays import DeviceArray, check_device_images, check_device_outputs, device_array, host_images
-from cnnlab.backend import TextBatching
+from cnnlab.backend import DeviceBatch, TextBatching
 from cnnlab.cuda import gpus
 from cnnlab.cuda.device_setup import DeviceSetup
 from cnnlab.cuda.driver import (
@@ -40,6 +40,7 @@ from cnnlab.cuda.driver import (
     synchronize_stream,
     visible_count,
 )
+from cnnlab.cuda.file_copier import FileCopier, FileRoom
 from cnnlab.cuda.kernels import FindNonFinite, SumSegments
 from cnnlab.cuda.ladder import LaunchConfig, launcher
 from cnnlab.cuda.lanes import ChunkSource, CsvText, DeviceOutputs, HostImages, Lanes, ResidentImages
@@ -48,6 +49,7 @@ from cnnlab.cuda.memory import Allocator, HostCopier, is_page_locked
 from cnnlab.cuda.nvcc import ensure_modules
 from cnnlab.errors import ArrayError, UsageError
 from cnnlab.network import (
+    IMAGE_BYTES,
     INPUT_DIM,
     NO_TRACE,
     OUT_LAYER_SIZE,
@@ -108,6 +110,7 @@ class CudaContext:
         self.batch_size = batch_size or DEFAULT_BATCH_IMAGES
         self.threads = threads or default_threads()
         self._copier = HostCopier(self.threads)  # host arrays into page-locked staging, on the host threads
+        self._file_copier: FileCopier | None = None  # a file's bytes into device rooms, made with the first room
         self._text_batch = batch_size or DEFAULT_TEXT_BATCH_IMAGES
         self.driver = driver = import_driver()
         self.memory = Allocator(driver)
@@ -168,6 +171,14 @@ class CudaContext:
         with device_errors("cannot allocate page-locked host memory"):
             return self.memory.host((count, INPUT_DIM, INPUT_DIM))
 
+    def device_room(self, count: int) -> FileRoom:
+        """Device memory for `count` images, filled straight from a file by the context's copier (made with the first
+        room: its threads and bounce buffers serve every room)."""
+        with device_errors("cannot allocate device memory for a batch of the file's images"):
+            if self._file_copier is None:
+                self._file_copier = FileCopier(self.driver, self.memory, self._current, self.threads)
+            return FileRoom(self._file_copier, self.memory.device(count * IMAGE_BYTES), count, self.driver)
+
     def upload(self, batch: ImageBatch) -> DeviceImages:
         """Copy a batch to device memory once, for compute_resident(); free() gives the memory back."""
         with device_errors("cannot copy images to the device"):
@@ -179,11 +190,16 @@ class CudaContext:
         self.memory.free(images.allocation)
 
     def compute(self, batch: Batch, check_finite: bool = False) -> OutputBatch:
-        """Outputs for a host batch of images, or of CSV text (csv_batch.CsvBatch) parsed here on the device (its values
-        are finite: the parser refuses the rest). `check_finite`: an ArrayError where an image holds a NaN or an infinity."""
+        """Outputs for a host batch of images, a batch of a file's images in one of this context's device rooms, or CSV
+        text (csv_batch.CsvBatch) parsed here on the device (its values are finite: the parser refuses the rest).
+        `check_finite`: an ArrayError where an image holds a NaN or an infinity."""
         if isinstance(batch, ImageBatch):
             source = HostImages(batch.images, self.chunk_images, is_page_locked(batch.images), self._copier)
             return self._open_lanes.run(len(batch), source, check_finite=check_finite)
+        if isinstance(batch, DeviceBatch):
+            assert isinstance(batch.room, FileRoom)  # a room of this context's
+            resident = ResidentImages(int(batch.room.allocation), self.chunk_images)
+            return self._open_lanes.run(len(batch), resident, check_finite=check_finite)
         text = self.csv_text
         assert text is not None  # CSV text comes only where csv_text said it may
         return self._open_lanes.run(len(batch), CsvText(batch, text.chunk_images, self._csv_module), text.chunk_images)
@@ -291,6 +307,8 @@ class CudaContext:
         In a lost context every free fails, so nothing is freed: the process's end takes it all.
         """
         self._copier.close()
+        if self._file_copier is not None:
+            self._file_copier.close()
         if self._context is None:
             return
         try:

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from cnnlab.backend import Backend, Batch, TextBatching
+from cnnlab.files.csv_batch import CsvBatch
 from cnnlab.network import ImageBatch, OutputBatch
 from cnnlab.owner import BackendOwner
 
@@ -47,6 +48,10 @@ class Spread:
         """A buffer the first GPU allocates on its thread: page-locked and portable, so every GPU copies from it."""
         return self._owners[0].call(lambda backend: backend.allocate_images(count))
 
+    def device_room(self, count: int) -> None:
+        """None: the GPUs share each batch, so its images come through page-locked host memory, which each copies from."""
+        return None
+
     def allocate_text(self, nbytes: int) -> np.ndarray:
         """The first GPU's page-locked window (made current on the caller's thread, as a CudaContext's are)."""
         return self._backends[0].allocate_text(nbytes)
@@ -60,7 +65,7 @@ class Spread:
             share = math.ceil(len(batch) / len(self._owners))
             shares: list[Any] = [ImageBatch(batch.images[at : at + share]) for at in range(0, len(batch), share)]
         else:
-            assert self.csv_text is not None
+            assert isinstance(batch, CsvBatch) and self.csv_text is not None  # no device rooms here: device_room() gives none
             shares = batch.split(len(self._owners), self.csv_text.chunk_images)
         running = [
             owner.submit(methodcaller("compute", share, check_finite)) for owner, share in zip(self._owners, shares)

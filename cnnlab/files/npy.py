@@ -29,6 +29,7 @@ from cnnlab.files.text import READ_BYTES, read_at, wait_readable
 from cnnlab.network import IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OutputBatch, default_threads, unsized_capacity
 
 if TYPE_CHECKING:
+    from cnnlab.backend import DeviceRoom
     from cnnlab.files import _mapped_guard
 
 MappedFile: type[_mapped_guard.MappedFile] | None
@@ -118,8 +119,8 @@ class NpyImageReader:
         # Images per read_into() call: 2.5 MB a thread, in cache when the CPU computes them next, and a read per core.
         self.step = STEP_IMAGES_PER_THREAD * self._threads
         self._pool: Any = None  # the read pool, made at the first read (a mapped file needs none)
-        self._seekable = stat.S_ISREG(os.fstat(self._file.fileno()).st_mode)
-        self.capacity = self.count if self._seekable else unsized_capacity(self.count)  # a file's size was checked against N
+        self.seekable = stat.S_ISREG(os.fstat(self._file.fileno()).st_mode)
+        self.capacity = self.count if self.seekable else unsized_capacity(self.count)  # a file's size was checked against N
         self._mapped: Any = None  # the MappedFile once map() succeeds
         self._images: np.ndarray | None = None  # its images, in place
         self._dropped = self._last_view = 0  # the images whose pages are unmapped again; the first of the last view
@@ -131,7 +132,7 @@ class NpyImageReader:
     def map(self) -> bool:
         """Map the file, so that next_view() hands its images over in place: no copy out of the page cache. False where
         read_into() stays the way: a pipe, no native guard built, or a file the system will not map (ENODEV, ENOMEM)."""
-        if not self._seekable or MappedFile is None:
+        if not self.seekable or MappedFile is None:
             return False
         self._end = self._offset + self.count * IMAGE_BYTES  # the file's size was checked to hold it
         try:
@@ -165,7 +166,21 @@ class NpyImageReader:
         room = out[:count].data.cast("B")
         with reading(self.path):
             got = self._read(room)
-        if got < len(room):
+        return self._read_whole(count, got)
+
+    def read_to_device(self, room: DeviceRoom) -> int:
+        """Copy the next images (as many as `room` holds, fewer at the end) from a regular file (seekable) straight into a
+        backend's device room; return how many."""
+        count = min(room.capacity, self.count - self.images_read)
+        if count <= 0:
+            return 0
+        with reading(self.path):
+            got = room.fill(self._file.fileno(), self._offset + self.images_read * IMAGE_BYTES, count)
+        return self._read_whole(count, got)
+
+    def _read_whole(self, count: int, got: int) -> int:
+        """`count` images read, where `got` bytes came: an error where the file ended before them."""
+        if got < count * IMAGE_BYTES:
             complete = self.images_read + got // IMAGE_BYTES
             raise InputFileError(self.path, f"file ends after {complete} of the {self.count} images its header announces")
         self.images_read += count
@@ -173,7 +188,7 @@ class NpyImageReader:
 
     def _read(self, room: memoryview) -> int:
         """Fill `room` with the next images' bytes, as far as the file goes: a read per core, or in order from a pipe."""
-        if self._seekable:
+        if self.seekable:
             if self._pool is None:
                 from concurrent.futures import ThreadPoolExecutor  # here: with logging, ~4 ms of a mapped run's start-up
 
@@ -192,7 +207,7 @@ class NpyImageReader:
         at its header; a pipe's end is read for here); a mapped one is checked whole, so that no output computed from
         a lost page is kept."""
         self._check_whole()
-        if not self._seekable:
+        if not self.seekable:
             wait_readable(self._file.fileno(), self.stop)
             with reading(self.path):
                 more = self._file.read(1)

@@ -1,0 +1,129 @@
+"""A regular .npy file's images copied straight into a backend's device memory (its rooms) rather than through host
+buffers: the run's plumbing with a CPU stand-in (a "room" of host memory filled by os.preadv, in CI), and on a GPU the
+copier's bytes, cuda mode's outputs against the copied path's, and a file that ends or holds a NaN under a run.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import assert_one_line_error, cnnlab, cpu_outputs, random_cnn, why_no_gpu
+
+from cnnlab.backend import Batch, DeviceBatch
+from cnnlab.cpu.backend import CpuBackend
+from cnnlab.errors import InputFileError
+from cnnlab.generate import random_values, write_cnn_file
+from cnnlab.network import IMAGE_BYTES, INPUT_DIM, Cnn, ImageBatch, OutputBatch
+from cnnlab.run import run_network
+
+GPU = pytest.mark.skipif(why_no_gpu() is not None, reason=str(why_no_gpu()))
+
+
+class HostRoom:
+    """A device room's place taken by host memory: filled by one os.preadv, as the copier's threads fill a GPU's."""
+
+    def __init__(self, capacity: int, cut: Path | None) -> None:
+        self.capacity, self.images, self._cut, self.fills = capacity, np.full((capacity, INPUT_DIM, INPUT_DIM), np.pi), cut, 0
+
+    def fill(self, fd: int, offset: int, count: int) -> int:
+        self.fills += 1
+        if self._cut is not None and self.fills == 2:  # another program cuts the file short under the run
+            os.truncate(self._cut, offset + IMAGE_BYTES // 2)
+        return os.preadv(fd, [self.images[:count].data], offset)
+
+    def host_copy(self, count: int) -> np.ndarray:
+        return self.images[:count].copy()
+
+
+class StandIn(CpuBackend):
+    """A backend with a device: its rooms are host memory, and compute() takes their batches."""
+
+    reads_in_place = False
+
+    def __init__(self, cnn: Cnn, cut: Path | None = None) -> None:
+        super().__init__(cnn, batch_size=16, threads=1)
+        self.rooms: list[HostRoom] = []
+        self._cut = cut
+
+    def device_room(self, count: int) -> HostRoom:  # type: ignore[override]
+        self.rooms.append(HostRoom(count, self._cut))
+        return self.rooms[-1]
+
+    def compute(self, batch: Batch, check_finite: bool = False) -> OutputBatch:
+        assert isinstance(batch, DeviceBatch) and isinstance(batch.room, HostRoom)
+        return super().compute(ImageBatch(batch.room.images[: len(batch)]), check_finite)
+
+
+def save(path: Path, images: np.ndarray) -> Path:
+    np.save(path, images)
+    return path
+
+
+@pytest.mark.parametrize("count", [1, 16, 17, 50])
+def test_a_npy_file_goes_through_the_rooms_with_the_outputs_of_the_cpu(tmp_path: Path, rng: np.random.Generator, count: int) -> None:
+    cnn, images = random_cnn(rng), random_values(rng, count, INPUT_DIM, INPUT_DIM)
+    with StandIn(cnn) as backend:
+        stats = run_network(backend, save(tmp_path / "in.npy", images), tmp_path / "out.npy")
+        rooms = backend.rooms
+    assert len(rooms) == 2 and sum(room.fills for room in rooms) == -(-count // 16)  # a fill a batch
+    assert stats.images == count
+    assert np.array_equal(np.load(tmp_path / "out.npy").view(np.uint64), cpu_outputs(cnn, images).view(np.uint64))
+
+
+def test_a_nan_in_a_room_is_named_from_its_host_copy(tmp_path: Path, rng: np.random.Generator) -> None:
+    images = random_values(rng, 40, INPUT_DIM, INPUT_DIM)
+    images[37, 5, 6] = np.nan
+    with StandIn(random_cnn(rng)) as backend, pytest.raises(InputFileError, match="image 38 holds nan"):
+        run_network(backend, save(tmp_path / "in.npy", images), tmp_path / "out.npy")
+    assert not (tmp_path / "out.npy").exists()
+
+
+def test_a_file_cut_short_under_a_run_is_an_error_and_no_output(tmp_path: Path, rng: np.random.Generator) -> None:
+    path = save(tmp_path / "in.npy", random_values(rng, 40, INPUT_DIM, INPUT_DIM))
+    with StandIn(random_cnn(rng), cut=path) as backend, pytest.raises(InputFileError, match="file ends after 32 of the 40 images"):
+        run_network(backend, path, tmp_path / "out.npy")
+    assert not (tmp_path / "out.npy").exists()
+
+
+@GPU
+@pytest.mark.parametrize("nbytes", [1, 4 << 20, (4 << 20) + 8, (37 << 20) + 123])
+def test_the_copier_puts_a_file_s_bytes_on_the_device(tmp_path: Path, nbytes: int) -> None:
+    """Ranges of a file at odd offsets and sizes (a task, less, more, many tasks and a tail) reach the device whole; a
+    range past the file's end copies what there is and says how much."""
+    from cnnlab.cuda.context import CudaContext
+
+    data = np.frombuffer(os.urandom(nbytes + 4096), np.uint8)
+    (tmp_path / "f").write_bytes(data.tobytes())
+    with CudaContext(random_cnn(np.random.default_rng(1))) as context, open(tmp_path / "f", "rb") as file:
+        room = context.device_room(-(-(nbytes + 4096) // IMAGE_BYTES))
+        for offset in (0, 7, 4096):
+            assert room._copier.copy(file.fileno(), offset, nbytes, int(room.allocation)) == nbytes
+            back = np.empty(nbytes, np.uint8)
+            context.driver.memcpy_dtoh(back, room.allocation)
+            assert np.array_equal(back, data[offset : offset + nbytes])
+        assert room._copier.copy(file.fileno(), 4096 + 5, nbytes, int(room.allocation)) == nbytes - 5
+
+
+@GPU
+def test_cuda_mode_on_a_npy_file_gives_the_copied_path_s_outputs(tmp_path: Path, rng: np.random.Generator) -> None:
+    """The same images through the rooms (cnnlab cuda on a regular file) and through page-locked buffers (the Python
+    API on the host array): the same kernels on the same values, so the same bytes; a NaN is named from the room's
+    copy, and nothing is written."""
+    from cnnlab.cuda.context import CudaContext
+
+    cnn = random_cnn(rng)
+    write_cnn_file(tmp_path / "cnn.csv", cnn.filters, cnn.weights)
+    images = random_values(rng, 5000, INPUT_DIM, INPUT_DIM)
+    path = save(tmp_path / "in.npy", images)
+    with CudaContext(cnn) as context:
+        want = context.forward(images)
+    result = cnnlab("cuda", tmp_path / "cnn.csv", path, tmp_path / "out.npy")
+    assert result.returncode == 0, result.stderr
+    assert np.load(tmp_path / "out.npy").tobytes() == want.tobytes()
+    images[4321, 99, 99] = np.inf
+    save(path, images)
+    assert "image 4322 holds inf" in assert_one_line_error(cnnlab("cuda", tmp_path / "cnn.csv", path, tmp_path / "bad.npy"))
+    assert not (tmp_path / "bad.npy").exists()
