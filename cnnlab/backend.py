@@ -83,8 +83,9 @@ class Backend(Protocol):
         ...
 
     def device_room(self, count: int) -> DeviceRoom | None:
-        """Room in the backend's device memory for `count` images that a regular file's bytes are copied straight into
-        (a DeviceBatch for compute()); None where there is no such way (the CPU; several GPUs, which share a batch)."""
+        """Room in the backend's device memory for up to `count` images (as many as suit it: its `capacity`, the batch)
+        that a regular file's bytes are copied straight into (a DeviceBatch for compute()); None where there is no such
+        way (the CPU; several GPUs, which share a batch)."""
         ...
 
     def allocate_text(self, nbytes: int) -> np.ndarray:

@@ -284,12 +284,13 @@ def run_network(
             mapped = backend.reads_in_place and isinstance(reader, NpyImageReader) and reader.map()
             # The backend's batch, else the reader's step (a mapped file's views); never buffers for images the file cannot hold.
             batch_size = min(backend.batch_size or (VIEW_IMAGES if mapped else reader.step), reader.count, reader.capacity)
-            room = isinstance(reader, NpyImageReader) and reader.seekable and backend.device_room(batch_size)
+            room = isinstance(reader, NpyImageReader) and reader.seekable and backend.device_room(reader.count)
             if mapped:
                 assert isinstance(reader, NpyImageReader)
                 read, buffers = partial(_view_images, reader, batch_size), [None] * slots
             elif room:  # a regular .npy file, a backend with a device: its bytes go straight to the device's rooms
                 assert isinstance(reader, NpyImageReader)
+                batch_size = room.capacity  # the backend's room, its batch
                 read, buffers = partial(_fill_room, reader), [room] + [backend.device_room(batch_size) for _ in range(slots - 1)]
             else:
                 batch_size = fit_batch(reader, batch_size, slots, backend.threads)

@@ -49,7 +49,7 @@ class StandIn(CpuBackend):
         self._cut = cut
 
     def device_room(self, count: int) -> HostRoom:  # type: ignore[override]
-        self.rooms.append(HostRoom(count, self._cut))
+        self.rooms.append(HostRoom(min(count, 16), self._cut))  # a room of at most 16 images, as a GPU's of its own size
         return self.rooms[-1]
 
     def compute(self, batch: Batch, check_finite: bool = False) -> OutputBatch:
@@ -104,7 +104,7 @@ def test_the_copier_puts_a_file_s_bytes_on_the_device(tmp_path: Path, nbytes: in
             back = np.empty(nbytes, np.uint8)
             context.driver.memcpy_dtoh(back, room.allocation)
             assert np.array_equal(back, data[offset : offset + nbytes])
-        assert room._copier.copy(file.fileno(), 4096 + 5, nbytes, int(room.allocation)) == nbytes - 5
+        assert room._copier.copy(file.fileno(), 4096 + 5, nbytes, int(room.allocation)) == max(nbytes - 5, 0)
 
 
 @GPU

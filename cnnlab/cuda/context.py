@@ -66,6 +66,9 @@ if TYPE_CHECKING:
 
 # Images per compute() call from the command line: the run's two page-locked buffers stay at ~330 MB.
 DEFAULT_BATCH_IMAGES = 2048
+# Images a device room holds (a batch of a regular .npy file, copied straight to the device): 655 MB of device memory
+# a room, two rooms; the copier's threads wait for each other at a room's end, so a room is many of their tasks.
+DEFAULT_ROOM_IMAGES = 8192
 # Images per compute() call when CSV text is parsed on the device: ~50 MB of text a batch, read into one of
 # two page-locked windows (made before the run, ~60 MB each) while the other's batch is on the device. On the
 # H100 machine (10,000 images, tools/profile_cuda_csv.py): 256 a batch loop 0.16-0.19 s, 512 0.27-0.31 s,
@@ -112,6 +115,7 @@ class CudaContext:
         self._copier = HostCopier(self.threads)  # host arrays into page-locked staging, on the host threads
         self._file_copier: FileCopier | None = None  # a file's bytes into device rooms, made with the first room
         self._text_batch = batch_size or DEFAULT_TEXT_BATCH_IMAGES
+        self._room_images = batch_size or DEFAULT_ROOM_IMAGES
         self.driver = driver = import_driver()
         self.memory = Allocator(driver)
         modules = ensure_modules()
@@ -172,12 +176,14 @@ class CudaContext:
             return self.memory.host((count, INPUT_DIM, INPUT_DIM))
 
     def device_room(self, count: int) -> FileRoom:
-        """Device memory for `count` images, filled straight from a file by the context's copier (made with the first
-        room: its threads and bounce buffers serve every room)."""
+        """Device memory for `count` images, at most a room's (DEFAULT_ROOM_IMAGES, or the batch asked for), filled
+        straight from a file by the context's copier (made with the first room: its threads and bounce buffers serve
+        every room)."""
+        capacity = min(count, self._room_images)
         with device_errors("cannot allocate device memory for a batch of the file's images"):
             if self._file_copier is None:
                 self._file_copier = FileCopier(self.driver, self.memory, self._current, self.threads)
-            return FileRoom(self._file_copier, self.memory.device(count * IMAGE_BYTES), count, self.driver)
+            return FileRoom(self._file_copier, self.memory.device(capacity * IMAGE_BYTES), capacity, self.driver)
 
     def upload(self, batch: ImageBatch) -> DeviceImages:
         """Copy a batch to device memory once, for compute_resident(); free() gives the memory back."""
