@@ -66,9 +66,12 @@ if TYPE_CHECKING:
 
 # Images per compute() call from the command line: the run's two page-locked buffers stay at ~330 MB.
 DEFAULT_BATCH_IMAGES = 2048
-# Images a device room holds (a batch of a regular .npy file, copied straight to the device): 655 MB of device memory
-# a room, two rooms; the copier's threads wait for each other at a room's end, so a room is many of their tasks.
-DEFAULT_ROOM_IMAGES = 8192
+# Images a device room holds (a batch of a regular .npy file, copied straight to the device), two rooms a run: the
+# copier's threads wait for each other at a room's end, so a room is many of their tasks. On the H200 machine (200,000
+# images, three turns) the loop ran 31.4-31.9 GB/s with rooms of 2,048 images, 41.8-42.8 with 8,192 and 42.9-45.7 with
+# 16,384 (1.3 GB of device memory a room; a room takes at most ROOM_SHARE of the free device memory).
+DEFAULT_ROOM_IMAGES = 16384
+ROOM_SHARE = 1 / 8
 # Images per compute() call when CSV text is parsed on the device: ~50 MB of text a batch, read into one of
 # two page-locked windows (made before the run, ~60 MB each) while the other's batch is on the device. On the
 # H100 machine (10,000 images, tools/profile_cuda_csv.py): 256 a batch loop 0.16-0.19 s, 512 0.27-0.31 s,
@@ -176,11 +179,12 @@ class CudaContext:
             return self.memory.host((count, INPUT_DIM, INPUT_DIM))
 
     def device_room(self, count: int) -> FileRoom:
-        """Device memory for `count` images, at most a room's (DEFAULT_ROOM_IMAGES, or the batch asked for), filled
-        straight from a file by the context's copier (made with the first room: its threads and bounce buffers serve
-        every room)."""
-        capacity = min(count, self._room_images)
+        """Device memory for `count` images, at most a room's (DEFAULT_ROOM_IMAGES, or the batch asked for, and no more
+        than ROOM_SHARE of the device's free memory), filled straight from a file by the context's copier (made with the
+        first room: its threads and bounce buffers serve every room)."""
         with device_errors("cannot allocate device memory for a batch of the file's images"):
+            free = self.driver.mem_get_info()[0]
+            capacity = max(1, min(count, self._room_images, int(free * ROOM_SHARE) // IMAGE_BYTES))
             if self._file_copier is None:
                 self._file_copier = FileCopier(self.driver, self.memory, self._current, self.threads)
             return FileRoom(self._file_copier, self.memory.device(capacity * IMAGE_BYTES), capacity, self.driver)
