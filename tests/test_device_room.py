@@ -6,6 +6,7 @@ copier's bytes, cuda mode's outputs against the copied path's, and a file that e
 from __future__ import annotations
 
 import os
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ from helpers import assert_one_line_error, cnnlab, cpu_outputs, random_cnn, why_
 
 from cnnlab.backend import Batch, DeviceBatch
 from cnnlab.cpu.backend import CpuBackend
+from cnnlab.cuda.spread import Spread
 from cnnlab.errors import InputFileError
 from cnnlab.generate import random_values, write_cnn_file
 from cnnlab.network import IMAGE_BYTES, INPUT_DIM, Cnn, ImageBatch, OutputBatch
@@ -88,6 +90,31 @@ def test_a_file_cut_short_under_a_run_is_an_error_and_no_output(tmp_path: Path, 
     assert not (tmp_path / "out.npy").exists()
 
 
+@pytest.mark.parametrize("gpus", [2, 3])
+@pytest.mark.parametrize("count", [1, 5, 40, 97])
+def test_several_gpus_rooms_take_the_batch_s_shares_in_order(tmp_path: Path, rng: np.random.Generator, gpus: int, count: int) -> None:
+    """Spread over stand-ins: a room on each, filled at once from consecutive parts of the file, the outputs in order."""
+    cnn, images = random_cnn(rng), random_values(rng, count, INPUT_DIM, INPUT_DIM)
+    with Spread([partial(StandIn, cnn) for _ in range(gpus)]) as spread:
+        stats = run_network(spread, save(tmp_path / "in.npy", images), tmp_path / "out.npy")
+        fills = [room.fills for backend in spread._backends for room in backend.rooms]  # type: ignore[attr-defined]
+    assert stats.images == count and stats.batch_size == min(count, 16 * gpus)
+    assert len(fills) == 2 * gpus and sum(fills) >= -(-count // (16 * gpus))
+    assert np.array_equal(np.load(tmp_path / "out.npy").view(np.uint64), cpu_outputs(cnn, images).view(np.uint64))
+
+
+def test_several_gpus_rooms_name_a_nan_and_refuse_a_cut_file(tmp_path: Path, rng: np.random.Generator) -> None:
+    cnn, images = random_cnn(rng), random_values(rng, 70, INPUT_DIM, INPUT_DIM)
+    images[53, 0, 1] = -np.inf
+    with Spread([partial(StandIn, cnn) for _ in range(2)]) as spread, pytest.raises(InputFileError, match="image 54 holds -inf"):
+        run_network(spread, save(tmp_path / "in.npy", images), tmp_path / "out.npy")
+    path = save(tmp_path / "in.npy", random_values(rng, 100, INPUT_DIM, INPUT_DIM))
+    cut_at_the_third_batch = [partial(StandIn, cnn, cut=path), partial(StandIn, cnn)]  # the first GPU's first room, again
+    with Spread(cut_at_the_third_batch) as spread, pytest.raises(InputFileError, match="file ends after 64 of the 100 images"):
+        run_network(spread, path, tmp_path / "out.npy")
+    assert not (tmp_path / "out.npy").exists()
+
+
 @GPU
 @pytest.mark.parametrize("nbytes", [1, 4 << 20, (4 << 20) + 8, (37 << 20) + 123])
 def test_the_copier_puts_a_file_s_bytes_on_the_device(tmp_path: Path, nbytes: int) -> None:
@@ -127,3 +154,19 @@ def test_cuda_mode_on_a_npy_file_gives_the_copied_path_s_outputs(tmp_path: Path,
     save(path, images)
     assert "image 4322 holds inf" in assert_one_line_error(cnnlab("cuda", tmp_path / "cnn.csv", path, tmp_path / "bad.npy"))
     assert not (tmp_path / "bad.npy").exists()
+
+
+@GPU
+def test_two_contexts_rooms_give_one_context_s_outputs(tmp_path: Path, rng: np.random.Generator) -> None:
+    """Several GPUs' rooms, two contexts on GPU 0 standing in: each fills its share at once, the outputs the same bytes
+    as one context's."""
+    from cnnlab.cuda.context import CudaContext
+
+    cnn = random_cnn(rng)
+    path = save(tmp_path / "in.npy", random_values(rng, 3001, INPUT_DIM, INPUT_DIM))
+    with CudaContext(cnn, batch_size=1000) as context:
+        run_network(context, path, tmp_path / "one.npy")
+    with Spread([partial(CudaContext, cnn, 500) for _ in range(2)]) as spread:
+        stats = run_network(spread, path, tmp_path / "two.npy")
+    assert stats.batch_size == 1000
+    assert np.load(tmp_path / "two.npy").tobytes() == np.load(tmp_path / "one.npy").tobytes()

@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
+from functools import partial
 from operator import methodcaller
 from typing import Any
 
 import numpy as np
 
-from cnnlab.backend import Backend, Batch, TextBatching
+from cnnlab.backend import Backend, Batch, DeviceBatch, DeviceRoom, TextBatching
 from cnnlab.files.csv_batch import CsvBatch
-from cnnlab.network import ImageBatch, OutputBatch
+from cnnlab.network import IMAGE_BYTES, ImageBatch, OutputBatch
 from cnnlab.owner import BackendOwner
 
 
@@ -30,6 +32,7 @@ class Spread:
     name = "cuda"
 
     def __init__(self, makes: list[Callable[[], Backend]]) -> None:
+        self._fillers: ThreadPoolExecutor | None = None  # a thread a GPU, filling its room: made with the first rooms
         self._owners = [BackendOwner(make, f"cnnlab-gpu-{index}") for index, make in enumerate(makes)]
         try:
             self._backends = [owner.backend() for owner in self._owners]
@@ -48,9 +51,16 @@ class Spread:
         """A buffer the first GPU allocates on its thread: page-locked and portable, so every GPU copies from it."""
         return self._owners[0].call(lambda backend: backend.allocate_images(count))
 
-    def device_room(self, count: int) -> None:
-        """None: the GPUs share each batch, so its images come through page-locked host memory, which each copies from."""
-        return None
+    def device_room(self, count: int) -> SpreadRoom | None:
+        """A room on every GPU (each made on its thread), a share of each batch each, which the file's bytes are copied
+        into at once; None where a GPU's backend has no rooms (stand-ins)."""
+        share = math.ceil(count / len(self._owners))
+        rooms = [owner.call(lambda backend: backend.device_room(share)) for owner in self._owners]
+        if any(room is None for room in rooms):
+            return None
+        if self._fillers is None:
+            self._fillers = ThreadPoolExecutor(len(self._owners), thread_name_prefix="cnnlab-spread-fill")
+        return SpreadRoom(rooms, self._owners, self._fillers, count)
 
     def allocate_text(self, nbytes: int) -> np.ndarray:
         """The first GPU's page-locked window (made current on the caller's thread, as a CudaContext's are)."""
@@ -64,6 +74,9 @@ class Spread:
         if isinstance(batch, ImageBatch):
             share = math.ceil(len(batch) / len(self._owners))
             shares: list[Any] = [ImageBatch(batch.images[at : at + share]) for at in range(0, len(batch), share)]
+        elif isinstance(batch, DeviceBatch):
+            assert isinstance(batch.room, SpreadRoom)
+            shares = batch.room.batches(len(batch))
         else:
             assert isinstance(batch, CsvBatch) and self.csv_text is not None  # no device rooms here: device_room() gives none
             shares = batch.split(len(self._owners), self.csv_text.chunk_images)
@@ -82,6 +95,8 @@ class Spread:
 
     def close(self) -> None:
         """Close every GPU's backend on its own thread (its context last, as CudaContext.close does)."""
+        if self._fillers is not None:
+            self._fillers.shutdown()
         for owner in self._owners:
             owner.close()
 
@@ -90,3 +105,54 @@ class Spread:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+class SpreadRoom:
+    """A room on each GPU, filled at once from consecutive parts of the file (each GPU's copier on its own threads), the
+    first GPU's the batch's first images: a backend.DeviceRoom of several GPUs."""
+
+    def __init__(self, rooms: list[DeviceRoom], owners: list[BackendOwner], fillers: ThreadPoolExecutor, count: int) -> None:
+        """`count`: the most images asked for (the rooms' shares, rounded up, may hold a few more)."""
+        self._rooms, self._owners, self._fillers = rooms, owners, fillers
+        self.capacity = min(count, sum(room.capacity for room in rooms))
+
+    def _counts(self, count: int) -> list[int]:
+        """The images of a batch of `count` (at most the capacity) each GPU's room holds: an even share each, as far as
+        its room goes, then what is left to the rooms with space, in order; a GPU with none is after those with some."""
+        share = math.ceil(count / len(self._rooms))
+        counts = [min(room.capacity, share) for room in self._rooms]
+        for index, room in enumerate(self._rooms):
+            counts[index] += min(room.capacity - counts[index], max(0, count - sum(counts)))
+        left = sum(counts) - count  # too many: taken back from the last
+        for index in reversed(range(len(counts))):
+            taken = min(counts[index], left)
+            counts[index], left = counts[index] - taken, left - taken
+        return counts
+
+    def fill(self, fd: int, offset: int, count: int) -> int:
+        counts, at = self._counts(count), offset
+        parts = []
+        for room, images in zip(self._rooms, counts):
+            parts.append(self._fillers.submit(room.fill, fd, at, images) if images else None)
+            at += images * IMAGE_BYTES
+        wait([part for part in parts if part is not None])  # every GPU's copies done before any error is raised
+        copied = 0
+        for part, images in zip(parts, counts):
+            got = 0 if part is None else part.result()
+            copied += got
+            if got < images * IMAGE_BYTES:  # the file ended in this part: what later parts read is not the batch's
+                break
+        return copied
+
+    def batches(self, count: int) -> list[DeviceBatch]:
+        """Each GPU's share of a batch of `count` images (the GPUs with none left out)."""
+        return [DeviceBatch(room, images) for room, images in zip(self._rooms, self._counts(count)) if images]
+
+    def host_copy(self, count: int) -> np.ndarray:
+        """Each GPU's part copied back on its own thread, in order."""
+        parts = [owner.call(partial(_host_copy, batch)) for owner, batch in zip(self._owners, self.batches(count))]
+        return np.concatenate(parts)
+
+
+def _host_copy(batch: DeviceBatch, backend: Backend) -> np.ndarray:
+    return batch.room.host_copy(len(batch))
