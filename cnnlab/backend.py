@@ -9,6 +9,7 @@ memory (DeviceBatch). This module stands above them, so that network.py, below f
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -26,13 +27,17 @@ class DeviceRoom(Protocol):
 
     capacity: int
 
-    def fill(self, fd: int, offset: int, count: int) -> int:
+    def fill(self, fd: int, offset: int, count: int, stop: threading.Event) -> int:
         """Copy `count` images' bytes of the file `fd` from `offset` into the room's first images: the bytes copied, fewer
-        only where the file ends first."""
+        where the file ends first or `stop` is set (the run is ending)."""
         ...
 
     def host_copy(self, count: int) -> np.ndarray:
         """The room's first `count` images, copied back to the host: to name the image a compute() refused."""
+        ...
+
+    def free(self) -> None:
+        """Give the room's device memory back (the run that asked for it is over)."""
         ...
 
 
@@ -84,8 +89,8 @@ class Backend(Protocol):
 
     def device_room(self, count: int) -> DeviceRoom | None:
         """Room in the backend's device memory for up to `count` images (as many as suit it: its `capacity`, the batch)
-        that a regular file's bytes are copied straight into (a DeviceBatch for compute()); None where there is no such
-        way (the CPU; several GPUs, which share a batch)."""
+        that a regular file's bytes are copied straight into (a DeviceBatch for compute()), to be freed when the run is
+        over; None where there is no such way (the CPU)."""
         ...
 
     def allocate_text(self, nbytes: int) -> np.ndarray:

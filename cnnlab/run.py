@@ -220,8 +220,20 @@ def _view_images(reader: NpyImageReader, images: int, slot: Any, stop: threading
     return ImageBatch(view) if len(view) else None
 
 
+def _device_rooms(backend: Backend, reader: ImageReader, slots: int) -> list[DeviceRoom]:
+    """A device room a slot, where the input is a regular .npy file and the backend has rooms (a GPU); else none."""
+    rooms: list[DeviceRoom] = []
+    while isinstance(reader, NpyImageReader) and reader.seekable and len(rooms) < slots:
+        room = backend.device_room(rooms[0].capacity if rooms else reader.count)
+        if room is None:
+            break
+        rooms.append(room)
+    return rooms
+
+
 def _fill_room(reader: NpyImageReader, room: DeviceRoom, stop: threading.Event) -> DeviceBatch | None:
-    """The next batch of a regular .npy file, copied straight into a backend's device room."""
+    """The next batch of a regular .npy file, copied straight into a backend's device room (the copy stops with the
+    reader's `stop`, which is this `stop`)."""
     count = reader.read_to_device(room)
     return DeviceBatch(room, count) if count else None
 
@@ -284,14 +296,14 @@ def run_network(
             mapped = backend.reads_in_place and isinstance(reader, NpyImageReader) and reader.map()
             # The backend's batch, else the reader's step (a mapped file's views); never buffers for images the file cannot hold.
             batch_size = min(backend.batch_size or (VIEW_IMAGES if mapped else reader.step), reader.count, reader.capacity)
-            room = isinstance(reader, NpyImageReader) and reader.seekable and backend.device_room(reader.count)
+            rooms = [] if mapped else _device_rooms(backend, reader, slots)
             if mapped:
                 assert isinstance(reader, NpyImageReader)
                 read, buffers = partial(_view_images, reader, batch_size), [None] * slots
-            elif room:  # a regular .npy file, a backend with a device: its bytes go straight to the device's rooms
+            elif rooms:  # a regular .npy file, a backend with a device: its bytes go straight to the device's rooms
                 assert isinstance(reader, NpyImageReader)
-                batch_size = room.capacity  # the backend's room, its batch
-                read, buffers = partial(_fill_room, reader), [room] + [backend.device_room(batch_size) for _ in range(slots - 1)]
+                batch_size = rooms[0].capacity  # the backend's room, its batch
+                read, buffers = partial(_fill_room, reader), rooms
             else:
                 batch_size = fit_batch(reader, batch_size, slots, backend.threads)
                 read, buffers = partial(fill_images, reader), [backend.allocate_images(batch_size) for _ in range(slots)]
@@ -321,6 +333,8 @@ def run_network(
             loop_seconds = time.perf_counter() - loop_start
         finally:
             progress.finish()
+            for each in rooms:  # the reader has stopped: no copy is filling them
+                each.free()
         reader.finish()
     return RunStats(reader.count, work_seconds, loop_seconds, batch_size, startup_seconds)
 

@@ -6,6 +6,7 @@ copier's bytes, cuda mode's outputs against the copied path's, and a file that e
 from __future__ import annotations
 
 import os
+import threading
 from functools import partial
 from pathlib import Path
 
@@ -29,8 +30,9 @@ class HostRoom:
 
     def __init__(self, capacity: int, cut: Path | None) -> None:
         self.capacity, self.images, self._cut, self.fills = capacity, np.full((capacity, INPUT_DIM, INPUT_DIM), np.pi), cut, 0
+        self.freed = False
 
-    def fill(self, fd: int, offset: int, count: int) -> int:
+    def fill(self, fd: int, offset: int, count: int, stop: threading.Event) -> int:
         self.fills += 1
         if self._cut is not None and self.fills == 2:  # another program cuts the file short under the run
             os.truncate(self._cut, offset + IMAGE_BYTES // 2)
@@ -38,6 +40,9 @@ class HostRoom:
 
     def host_copy(self, count: int) -> np.ndarray:
         return self.images[:count].copy()
+
+    def free(self) -> None:
+        self.freed = True
 
 
 class StandIn(CpuBackend):
@@ -71,6 +76,7 @@ def test_a_npy_file_goes_through_the_rooms_with_the_outputs_of_the_cpu(tmp_path:
         stats = run_network(backend, save(tmp_path / "in.npy", images), tmp_path / "out.npy")
         rooms = backend.rooms
     assert len(rooms) == 2 and sum(room.fills for room in rooms) == -(-count // 16)  # a fill a batch
+    assert all(room.freed for room in rooms)  # given back when the run is over
     assert stats.images == count
     assert np.array_equal(np.load(tmp_path / "out.npy").view(np.uint64), cpu_outputs(cnn, images).view(np.uint64))
 
@@ -113,6 +119,7 @@ def test_several_gpus_rooms_name_a_nan_and_refuse_a_cut_file(tmp_path: Path, rng
     with Spread(cut_at_the_third_batch) as spread, pytest.raises(InputFileError, match="file ends after 64 of the 100 images"):
         run_network(spread, path, tmp_path / "out.npy")
     assert not (tmp_path / "out.npy").exists()
+    assert all(room.freed for backend in spread._backends for room in backend.rooms)  # type: ignore[attr-defined]
 
 
 @GPU

@@ -229,6 +229,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int)
     parser.add_argument("--file", help="kvikio: the .npy file it reads")
     args = parser.parse_args(argv)
+    if args.framework == "kvikio" and args.file is None:
+        parser.error("kvikio reads a file: give --file F.npy")
     try:
         results = kvikio_read(args.file, args.threads, args.repeats) if args.framework == "kvikio" else network_peers(args)
     except ImportError as error:

@@ -5,6 +5,7 @@ driver.py      the driver started early, imported through PyCUDA (typed here: Dr
 gpus.py        which GPUs the driver is shown (the command line: only its run's), and the user's numbers for its ordinals
 teardown.py    the helper, forked before the driver starts, that closes the driver's files after the run's process ends
 memory.py      Allocator: device and page-locked host memory
+file_copier.py FileCopier and FileRoom: a .npy file's bytes straight into device memory, through small bounce buffers
 lanes.py       Lanes: a call's chunks dealt over streams; where a chunk's images come from and its outputs go
 kernels.py     kernel/kernel.cu's sizes, defined once, and one launcher per kernel
 ladder.py      the optimization ladder: the rungs, what each teaches, how exact it is, the launch configuration

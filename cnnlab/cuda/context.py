@@ -182,12 +182,19 @@ class CudaContext:
         """Device memory for `count` images, at most a room's (DEFAULT_ROOM_IMAGES, or the batch asked for, and no more
         than ROOM_SHARE of the device's free memory), filled straight from a file by the context's copier (made with the
         first room: its threads and bounce buffers serve every room)."""
-        with device_errors("cannot allocate device memory for a batch of the file's images"):
+        with device_errors("cannot make room on the device for a batch of the file's images"):
             free = self.driver.mem_get_info()[0]
             capacity = max(1, min(count, self._room_images, int(free * ROOM_SHARE) // IMAGE_BYTES))
             if self._file_copier is None:
                 self._file_copier = FileCopier(self.driver, self.memory, self._current, self.threads)
-            return FileRoom(self._file_copier, self.memory.device(capacity * IMAGE_BYTES), capacity, self.driver)
+            allocation = self.memory.device(capacity * IMAGE_BYTES)
+            return FileRoom(self._file_copier, allocation, capacity, self.driver, self._free_room)
+
+    def _free_room(self, allocation: DeviceAllocation) -> None:
+        """Give a room's memory back; in a lost context nothing is freed (see close())."""
+        with device_errors("cannot free device memory"), self._current():
+            if not context_lost(self.driver):
+                self.memory.free(allocation)
 
     def upload(self, batch: ImageBatch) -> DeviceImages:
         """Copy a batch to device memory once, for compute_resident(); free() gives the memory back."""
@@ -327,6 +334,7 @@ class CudaContext:
                     self._lanes.free()
                 self.memory.free_all()
                 self._lanes = None
+                self._file_copier = None  # its streams and events go now, while the context is current
                 # What holds modules, kernels and streams: each goes with its last reference, which must be now, while the
                 # context is current (and only where __init__ got as far as making it).
                 for name in ("_launcher", "setup", "_sum_segments", "_module", "_csv_module"):

@@ -6,8 +6,8 @@ the next task into the other. A bounce buffer is rewritten while it is still in 
 reads it there and each byte crosses the host's memory once; a batch-sized page-locked buffer (the copied path's) is
 written out to memory and read back by the DMA engine, three crossings. This is KvikIO's way where GPUDirect Storage is
 absent, and it measured the same: 43-46 GB/s on 12-16 threads with 4 MiB tasks on the H100 machine (0.85-0.90 of the
-bus, KvikIO's read 44.8-46.1 GB/s in the same call), against 8.8-24 GB/s with 1-2 MiB tasks, 35-38 with 16 MiB, and
-29 GB/s with one bounce buffer a thread (no read while its copy runs).
+bus, KvikIO's read 44.8-46.1 GB/s in the same call), against 7.5-24 GB/s with 1-2 MiB tasks, 35-38 with 16 MiB, and
+29-30 GB/s with one bounce buffer a thread (no read while its copy runs).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from cnnlab.cuda.memory import Allocator
 
 TASK_BYTES = 4 << 20  # a thread's read and copy at a time (module docstring: the measured sizes)
-MAX_THREADS = 16  # more did not read faster on 16 cores (12 and 16 alike); each costs two bounce buffers
+MAX_THREADS = 16  # on 16 cores: 12 threads 46.0-46.1 GB/s, 16 43.2-44.3, 8 39.2-41.5; each costs two bounce buffers
 
 
 class _Bouncer:
@@ -42,51 +43,71 @@ class _Bouncer:
         self.copied = [driver.Event(no_timing) for _ in range(2)]
 
 
+@dataclass(frozen=True)
+class _Copy:
+    """`nbytes` of the file `fd` from `offset`, to device address `address`."""
+
+    fd: int
+    offset: int
+    nbytes: int
+    address: int
+
+
 class FileCopier:
     """Copies byte ranges of files into device memory on `threads` threads (at most MAX_THREADS), with the context
-    made current on each by `current`; its buffers are `memory`'s, given back when the context frees its memory."""
+    made current on each by `current`; its buffers are `memory`'s, given back when the context frees its memory. One
+    copy at a time (a run's reader thread asks): the threads' bounce buffers serve every copy."""
 
     def __init__(self, driver: Driver, memory: Allocator, current: Callable[[], AbstractContextManager[None]], threads: int) -> None:
         self._driver, self._current = driver, current
         self._bouncers = [_Bouncer(driver, memory) for _ in range(min(threads, MAX_THREADS))]
         self._pool = ThreadPoolExecutor(len(self._bouncers), thread_name_prefix="cnnlab-copy-in")
+        self._one_copy = threading.Lock()
 
-    def copy(self, fd: int, offset: int, nbytes: int, address: int) -> int:
-        """Copy `nbytes` of the file `fd` from `offset` to device address `address`: the bytes copied, fewer only where
-        the file ends first. Returns once every copy has reached the device."""
+    def copy(self, fd: int, offset: int, nbytes: int, address: int, stop: threading.Event) -> int:
+        """Copy `nbytes` of the file `fd` from `offset` to device address `address`: the bytes copied, fewer where the
+        file ends first, or where `stop` is set (a run ending: no more tasks are taken) or a thread failed (its error is
+        raised). Returns once every copy queued has reached the device."""
         tasks = iter(range(0, nbytes, TASK_BYTES))
-        taking = threading.Lock()
+        taking, failed = threading.Lock(), threading.Event()
 
         def next_task() -> Iterator[int]:
-            while True:
+            while not (stop.is_set() or failed.is_set()):
                 with taking:
                     at = next(tasks, None)
                 if at is None:
                     return
                 yield at
 
-        work = [self._pool.submit(self._drain, bouncer, next_task(), fd, offset, nbytes, address) for bouncer in self._bouncers]
-        wait(work)  # every thread done before any error is raised: none is still copying into the room
-        return min(future.result() for future in work)  # where the file ended on a thread first, else nbytes
+        copy = _Copy(fd, offset, nbytes, address)
+        with self._one_copy:
+            work = [self._pool.submit(self._drain, bouncer, next_task(), copy, failed) for bouncer in self._bouncers]
+            wait(work)  # every thread done before any error is raised: none is still copying into the room
+            return min(future.result() for future in work)  # where the file ended on a thread first, else nbytes
 
-    def _drain(self, bouncer: _Bouncer, tasks: Iterator[int], fd: int, offset: int, nbytes: int, address: int) -> int:
+    def _drain(self, bouncer: _Bouncer, tasks: Iterator[int], copy: _Copy, failed: threading.Event) -> int:
         """Take tasks until none are left or the file ends: where it ended (the offset of the first byte missing), else
-        `nbytes`. Both buffers' copies are done when it returns."""
-        end = nbytes
+        `nbytes`. Its stream is drained on every way out; a failure sets `failed`, so that the others take no more."""
+        end = copy.nbytes
         with self._current(), device_errors("cannot copy the file's images to the device"):
-            for turn, at in enumerate(tasks):
-                side = turn % 2
-                buffer = bouncer.buffers[side]
-                bouncer.copied[side].synchronize()  # this buffer's last copy has left it
-                wanted = min(TASK_BYTES, nbytes - at)
-                got = os.preadv(fd, [buffer[:wanted].data], offset + at)
-                if got:
-                    self._driver.memcpy_htod_async(address + at, buffer[:got], bouncer.stream)
-                    bouncer.copied[side].record(bouncer.stream)
-                if got < wanted:
-                    end = at + got
-                    break
-            bouncer.stream.synchronize()
+            try:
+                for turn, at in enumerate(tasks):
+                    side = turn % 2
+                    buffer = bouncer.buffers[side]
+                    bouncer.copied[side].synchronize()  # this buffer's last copy has left it
+                    wanted = min(TASK_BYTES, copy.nbytes - at)
+                    got = os.preadv(copy.fd, [buffer[:wanted].data], copy.offset + at)
+                    if got:
+                        self._driver.memcpy_htod_async(copy.address + at, buffer[:got], bouncer.stream)
+                        bouncer.copied[side].record(bouncer.stream)
+                    if got < wanted:
+                        end = at + got
+                        break
+            except BaseException:
+                failed.set()
+                raise
+            finally:
+                bouncer.stream.synchronize()
         return end
 
     def close(self) -> None:
@@ -94,15 +115,20 @@ class FileCopier:
         self._pool.shutdown()
 
 
-
 class FileRoom:
     """Device memory for `capacity` images that the copier fills from a file: a backend.DeviceRoom of a CUDA context."""
 
-    def __init__(self, copier: FileCopier, allocation: DeviceAllocation, capacity: int, driver: Driver) -> None:
-        self._copier, self.allocation, self.capacity, self._driver = copier, allocation, capacity, driver
+    def __init__(
+        self, copier: FileCopier, allocation: DeviceAllocation, capacity: int, driver: Driver, release: Callable[[DeviceAllocation], None]
+    ) -> None:
+        """`release` gives the allocation back (the context's, which knows whether it still can)."""
+        self._copier, self.allocation, self.capacity, self._driver, self._release = copier, allocation, capacity, driver, release
 
-    def fill(self, fd: int, offset: int, count: int) -> int:
-        return self._copier.copy(fd, offset, count * IMAGE_BYTES, int(self.allocation))
+    def fill(self, fd: int, offset: int, count: int, stop: threading.Event) -> int:
+        return self._copier.copy(fd, offset, count * IMAGE_BYTES, int(self.allocation), stop)
+
+    def free(self) -> None:
+        self._release(self.allocation)
 
     def host_copy(self, count: int) -> np.ndarray:
         """On the context's thread (it is current there)."""

@@ -284,7 +284,7 @@ class Lanes:
                 round_ = range(first, min(first + lanes, chunks))
                 for index in round_:
                     lane = self.lanes[index % lanes]
-                    if index < lanes and per_chunk is not trace:  # the lane's first chunk: its batch span opens
+                    if index < lanes and trace.enabled and per_chunk is NO_TRACE:  # the lane's first chunk: its batch span opens
                         own = range(index, chunks, lanes)
                         images = sum(min(chunk, count - mine * chunk) for mine in own)
                         batch_spans.enter_context(trace.span("batch", lane.stream, batch=batch, chunks=len(own), images=images))

@@ -12,6 +12,7 @@ is at hand.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from functools import partial
@@ -57,6 +58,9 @@ class Spread:
         share = math.ceil(count / len(self._owners))
         rooms = [owner.call(lambda backend: backend.device_room(share)) for owner in self._owners]
         if any(room is None for room in rooms):
+            for owner, room in zip(self._owners, rooms):
+                if room is not None:
+                    owner.call(partial(_free, room))
             return None
         if self._fillers is None:
             self._fillers = ThreadPoolExecutor(len(self._owners), thread_name_prefix="cnnlab-spread-fill")
@@ -129,11 +133,11 @@ class SpreadRoom:
             counts[index], left = counts[index] - taken, left - taken
         return counts
 
-    def fill(self, fd: int, offset: int, count: int) -> int:
+    def fill(self, fd: int, offset: int, count: int, stop: threading.Event) -> int:
         counts, at = self._counts(count), offset
         parts = []
         for room, images in zip(self._rooms, counts):
-            parts.append(self._fillers.submit(room.fill, fd, at, images) if images else None)
+            parts.append(self._fillers.submit(room.fill, fd, at, images, stop) if images else None)
             at += images * IMAGE_BYTES
         wait([part for part in parts if part is not None])  # every GPU's copies done before any error is raised
         copied = 0
@@ -153,6 +157,15 @@ class SpreadRoom:
         parts = [owner.call(partial(_host_copy, batch)) for owner, batch in zip(self._owners, self.batches(count))]
         return np.concatenate(parts)
 
+    def free(self) -> None:
+        """Each GPU's room freed on its own thread."""
+        for owner, room in zip(self._owners, self._rooms):
+            owner.call(partial(_free, room))
+
 
 def _host_copy(batch: DeviceBatch, backend: Backend) -> np.ndarray:
     return batch.room.host_copy(len(batch))
+
+
+def _free(room: DeviceRoom, backend: Backend) -> None:
+    room.free()

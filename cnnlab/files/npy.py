@@ -2,10 +2,12 @@
 
 Inputs are read a batch at a time straight into the batch's buffer, with one os.preadv per core
 (it releases the GIL), so a file in the page cache moves at memory speed in one copy; a pipe or a
-FIFO is read in order. For a backend that reads any memory as fast as its own (the CPU), a regular
-file is instead mapped and its images handed over in place, with no copy at all (`map`). Either
-way a file truncated while it is read is an error naming the file, never a crash: a read comes up
-short, or the mapping's guard (native/mapped_guard.cpp) turns the lost pages into zeros that
+FIFO is read in order. For a backend with a device of its own (the GPU), a regular file's batches
+are copied straight into its device memory instead (`read_to_device`: the backend's room does the
+copy). For a backend that reads any memory as fast as its own (the CPU), a regular file is instead
+mapped and its images handed over in place, with no copy at all (`map`). Every way a file
+truncated while it is read is an error naming the file, never a crash: a read comes up short, or
+the mapping's guard (native/mapped_guard.cpp) turns the lost pages into zeros that
 `finish` refuses. The header is checked before anything else: numpy's own parser, never pickle,
 within numpy's 10,000-byte limit. Outputs are streamed after a header that already holds N.
 """
@@ -170,13 +172,13 @@ class NpyImageReader:
 
     def read_to_device(self, room: DeviceRoom) -> int:
         """Copy the next images (as many as `room` holds, fewer at the end) from a regular file (seekable) straight into a
-        backend's device room; return how many."""
+        backend's device room; return how many (none once the run stops)."""
         count = min(room.capacity, self.count - self.images_read)
         if count <= 0:
             return 0
         with reading(self.path):
-            got = room.fill(self._file.fileno(), self._offset + self.images_read * IMAGE_BYTES, count)
-        return self._read_whole(count, got)
+            got = room.fill(self._file.fileno(), self._offset + self.images_read * IMAGE_BYTES, count, self.stop)
+        return 0 if self.stop.is_set() else self._read_whole(count, got)
 
     def _read_whole(self, count: int, got: int) -> int:
         """`count` images read, where `got` bytes came: an error where the file ended before them."""

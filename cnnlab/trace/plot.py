@@ -2,7 +2,8 @@
 
 A resource is what a kind of span occupies: the file's reads, the host's parse, the forward (cpu's compute(); the GPU's
 kernels), the copies each way, the host's reduction, the writes; in a cuda trace without --trace-chunks, the lanes (a
-stream's batch span: its copies, parse and kernels together). Its busy share is the union of its spans over the
+stream's batch span: from its first chunk's work queued to its last one's end, so its copies, parse and kernels and
+the gaps between them: an upper bound of the lane's work). Its busy share is the union of its spans over the
 loop's wall time: the resource near 100% is the bound, and the others wait on it. Where a track's innermost spans carry
 bytes, its rate of each kind (bytes over the time its spans of that kind ran) is written beside it.
 """

@@ -99,10 +99,11 @@ class _StreamSpan:
         if not self._track.chained:
             self._track.mark(None)
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
         track = self._track
-        track.mark((self._name, self._args, track.group))
-        track.chained = track.group is not None  # a group's next span starts where this one ends
+        if exc_type is None:  # a failing run's context may be lost: no event is recorded then, and the span is not kept
+            track.mark((self._name, self._args, track.group))
+            track.chained = track.group is not None  # a group's next span starts where this one ends
         if self._nvtx is not None:
             self._nvtx.pop_range()
 
