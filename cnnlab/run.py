@@ -287,6 +287,7 @@ def run_network(
         open_images(input_path, backend if text else None, backend.threads, trace) as reader,
         open_outputs(output_path, reader.count, together) as output,
     ):
+        rooms: list[DeviceRoom] = []  # a regular .npy file's device rooms, where the backend has them: freed at the end
         if text and isinstance(reader, CsvImageReader):
             batch_size = min(text.batch_images, reader.count, reader.capacity)
             reader.reserve_text(batch_size)
