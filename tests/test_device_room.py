@@ -134,11 +134,11 @@ def test_the_copier_puts_a_file_s_bytes_on_the_device(tmp_path: Path, nbytes: in
     with CudaContext(random_cnn(np.random.default_rng(1))) as context, open(tmp_path / "f", "rb") as file:
         room = context.device_room(-(-(nbytes + 4096) // IMAGE_BYTES))
         for offset in (0, 7, 4096):
-            assert room._copier.copy(file.fileno(), offset, nbytes, int(room.allocation)) == nbytes
+            assert room._copier.copy(file.fileno(), offset, nbytes, int(room.allocation), threading.Event()) == nbytes
             back = np.empty(nbytes, np.uint8)
             context.driver.memcpy_dtoh(back, room.allocation)
             assert np.array_equal(back, data[offset : offset + nbytes])
-        assert room._copier.copy(file.fileno(), 4096 + 5, nbytes, int(room.allocation)) == max(nbytes - 5, 0)
+        assert room._copier.copy(file.fileno(), 4096 + 5, nbytes, int(room.allocation), threading.Event()) == max(nbytes - 5, 0)
 
 
 @GPU
