@@ -12,12 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import assert_one_line_error, cnnlab, cpu_outputs, random_cnn, why_no_gpu
+from helpers import assert_one_line_error, cnnlab, cpu_outputs, random_cnn, why_no_gpu, write_files
 
-from cnnlab.backend import Batch, DeviceBatch
+from cnnlab.backend import Batch, DeviceBatch, TextBatching
 from cnnlab.cpu.backend import CpuBackend
 from cnnlab.cuda.spread import Spread
 from cnnlab.errors import InputFileError
+from cnnlab.files.csv_batch import CsvBatch
 from cnnlab.generate import random_values, write_cnn_file
 from cnnlab.network import IMAGE_BYTES, INPUT_DIM, Cnn, ImageBatch, OutputBatch
 from cnnlab.run import run_network
@@ -177,3 +178,27 @@ def test_two_contexts_rooms_give_one_context_s_outputs(tmp_path: Path, rng: np.r
         stats = run_network(spread, path, tmp_path / "two.npy")
     assert stats.batch_size == 1000
     assert np.load(tmp_path / "two.npy").tobytes() == np.load(tmp_path / "one.npy").tobytes()
+
+
+class TextStandIn(CpuBackend):
+    """A backend that takes CSV text as the GPU does (csv_text set), its pieces parsed here: the run's text branch."""
+
+    reads_in_place = False
+    csv_text = TextBatching(batch_images=16, chunk_images=4)  # type: ignore[assignment]
+
+    def compute(self, batch: Batch, check_finite: bool = False) -> OutputBatch:
+        assert isinstance(batch, CsvBatch)
+        images = np.empty((len(batch), INPUT_DIM, INPUT_DIM))
+        for index, piece in enumerate(batch.span.pieces(4 * INPUT_DIM)):
+            batch.parse_on_host(piece, batch.first_row(index, 4), images[4 * index : 4 * index + piece.rows // INPUT_DIM].reshape(-1))
+        return super().compute(ImageBatch(images), check_finite)
+
+
+def test_a_backend_that_parses_csv_itself_runs_with_no_rooms(tmp_path: Path, rng: np.random.Generator) -> None:
+    """The text branch of a run makes no rooms and frees none: its outputs are the CPU's."""
+    cnn, images = random_cnn(rng), random_values(rng, 37, INPUT_DIM, INPUT_DIM)
+    _, path = write_files(tmp_path, cnn, images)
+    with TextStandIn(cnn, threads=1) as backend:
+        stats = run_network(backend, path, tmp_path / "out.npy")
+    assert stats.images == 37 and stats.batch_size == 16
+    assert np.array_equal(np.load(tmp_path / "out.npy").view(np.uint64), cpu_outputs(cnn, images).view(np.uint64))
