@@ -29,7 +29,8 @@ class DeviceRoom(Protocol):
 
     def fill(self, fd: int, offset: int, count: int, stop: threading.Event) -> int:
         """Copy `count` images' bytes of the file `fd` from `offset` into the room's first images: the bytes copied, fewer
-        where the file ends first or `stop` is set (the run is ending)."""
+        where the file ends first; where `stop` is set (the run is ending) the copy stops early and the batch is
+        dropped, whatever the count."""
         ...
 
     def host_copy(self, count: int) -> np.ndarray:

@@ -66,8 +66,9 @@ class FileCopier:
 
     def copy(self, fd: int, offset: int, nbytes: int, address: int, stop: threading.Event) -> int:
         """Copy `nbytes` of the file `fd` from `offset` to device address `address`: the bytes copied, fewer where the
-        file ends first, or where `stop` is set (a run ending: no more tasks are taken) or a thread failed (its error is
-        raised). Returns once every copy queued has reached the device."""
+        file ends first. Where `stop` is set (a run ending) no more tasks are taken and the count says nothing: the
+        caller, which set it, drops the room's batch; where a thread fails, its error is raised. Returns once every
+        copy queued has reached the device."""
         tasks = iter(range(0, nbytes, TASK_BYTES))
         taking, failed = threading.Lock(), threading.Event()
 
