@@ -1,6 +1,6 @@
 """What a run needs of a backend: the Backend protocol that the CPU and CUDA backends share, Batch (what its compute()
-takes), TextBatching (how a backend that parses CSV itself takes its text) and DeviceRoom (where a backend with a device
-of its own takes a file's images straight from the file).
+takes) and TextBatching (how a backend that parses CSV itself takes its text); a backend with a device of its own takes
+a file's images into its rooms (network.py's DeviceRoom).
 
 Batch joins the three kinds of batch a run reads: images in host memory (network.py's ImageBatch), the input file's
 text (files/csv_batch.py's CsvBatch, which the reader makes), and images copied from a file into a backend's device
@@ -9,37 +9,16 @@ memory (DeviceBatch). This module stands above them, so that network.py, below f
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from cnnlab.files.csv_batch import CsvBatch
-from cnnlab.network import ImageBatch, OutputBatch
+from cnnlab.network import DeviceRoom, ImageBatch, OutputBatch
 
 if TYPE_CHECKING:
     from typing import Self
-
-class DeviceRoom(Protocol):
-    """Device memory for `capacity` images, which a file's bytes are copied into with no stop in a host buffer of the
-    run's (a backend's device_room())."""
-
-    capacity: int
-
-    def fill(self, fd: int, offset: int, count: int, stop: threading.Event) -> int:
-        """Copy `count` images' bytes of the file `fd` from `offset` into the room's first images: the bytes copied, fewer
-        where the file ends first; where `stop` is set (the run is ending) the copy stops early and the batch is
-        dropped, whatever the count."""
-        ...
-
-    def host_copy(self, count: int) -> np.ndarray:
-        """The room's first `count` images, copied back to the host: to name the image a compute() refused."""
-        ...
-
-    def free(self) -> None:
-        """Give the room's device memory back (the run that asked for it is over)."""
-        ...
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""The network's constants and typed containers (the lab's cnn.rs), and the Tracer protocol that a run's parts time
-themselves through.
+"""The network's constants and typed containers (the lab's cnn.rs), the Tracer protocol that a run's parts time
+themselves through, and DeviceRoom, a backend's device memory that a file's images are copied straight into.
 
 Each container checks shape, dtype and contiguity once, when it is made, so the backends
 can trust what they are handed.
@@ -13,11 +13,14 @@ import os
 import resource
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from cnnlab.errors import ArrayError, ResourceError, UsageError, byte_size, memory_limit_note
+
+if TYPE_CHECKING:
+    import threading
 
 # One word per idea for sizes, everywhere in cnnlab:
 #   image    one 100x100 input matrix; its outputs are one row of OUT_LAYER_SIZE values.
@@ -226,6 +229,27 @@ class OutputBatch:
 
     def __len__(self) -> int:
         return len(self.values)
+
+
+class DeviceRoom(Protocol):
+    """Device memory for `capacity` images, which a file's bytes are copied into with no stop in a host buffer of the
+    run's (a backend's device_room())."""
+
+    capacity: int
+
+    def fill(self, fd: int, offset: int, count: int, stop: threading.Event) -> int:
+        """Copy `count` images' bytes of the file `fd` from `offset` into the room's first images: the bytes copied, fewer
+        where the file ends first; where `stop` is set (the run is ending) the copy stops early and the batch is
+        dropped, whatever the count."""
+        ...
+
+    def host_copy(self, count: int) -> np.ndarray:
+        """The room's first `count` images, copied back to the host: to name the image a compute() refused."""
+        ...
+
+    def free(self) -> None:
+        """Give the room's device memory back (the run that asked for it is over)."""
+        ...
 
 
 class Tracer(Protocol):

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from cnnlab.backend import Backend, Batch, DeviceBatch, DeviceRoom
+from cnnlab.backend import Backend, Batch, DeviceBatch
 from cnnlab.errors import ArrayError, InputFileError
 from cnnlab.files.csv_batch import CsvBatch
 from cnnlab.files.csv_reader import CsvImageReader
@@ -31,7 +31,7 @@ from cnnlab.files.formats import ImageReader, OutputWriter, open_images, open_ou
 from cnnlab.files.npy import VIEW_IMAGES, NpyImageReader
 from cnnlab.files.safety import OutputSet
 from cnnlab.interrupts import held, join_through_signals
-from cnnlab.network import IMAGE_BYTES, NO_TRACE, Cnn, ImageBatch, OutputBatch, Tracer, first_nonfinite, fits
+from cnnlab.network import IMAGE_BYTES, NO_TRACE, Cnn, DeviceRoom, ImageBatch, OutputBatch, Tracer, first_nonfinite, fits
 from cnnlab.progress import Progress
 
 

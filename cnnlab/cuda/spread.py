@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from cnnlab.backend import Backend, Batch, DeviceBatch, DeviceRoom, TextBatching
+from cnnlab.backend import Backend, Batch, DeviceBatch, TextBatching
 from cnnlab.files.csv_batch import CsvBatch
-from cnnlab.network import IMAGE_BYTES, ImageBatch, OutputBatch
+from cnnlab.network import IMAGE_BYTES, DeviceRoom, ImageBatch, OutputBatch
 from cnnlab.owner import BackendOwner
 
 

@@ -28,10 +28,9 @@ from cnnlab.errors import InputFileError
 from cnnlab.files.inputs import open_for_reading, reading
 from cnnlab.files.safety import AtomicOutput, OutputSet
 from cnnlab.files.text import READ_BYTES, read_at, wait_readable
-from cnnlab.network import IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OutputBatch, default_threads, unsized_capacity
+from cnnlab.network import IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, DeviceRoom, OutputBatch, default_threads, unsized_capacity
 
 if TYPE_CHECKING:
-    from cnnlab.backend import DeviceRoom
     from cnnlab.files import _mapped_guard
 
 MappedFile: type[_mapped_guard.MappedFile] | None
