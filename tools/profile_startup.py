@@ -35,9 +35,11 @@ PHASES = {
     "cnnlab.files.text": ["TextSource.take", "TextSource._turn", "TextSource._read_more", "TextSource._read_ahead",
                           "TextSource._read_summarized", "TextSource.close", "cut_summarized", "prefixes_of", "spans_of", "runs_of"],
     "cnnlab.files.npy": ["NpyImageReader.read_into", "NpyImageReader.map", "NpyImageReader.next_view", "NpyImageReader.finish"],
-    "cnnlab.cuda.context": ["CudaContext.__init__", "CudaContext.compute", "CudaContext.close"],
+    "cnnlab.cuda.context": ["CudaContext.__init__", "CudaContext.device_room", "CudaContext.compute", "CudaContext.close"],
+    "cnnlab.cuda.file_copier": ["FileCopier.__init__", "FileCopier.copy", "FileRoom.free"],
+    "cnnlab.cuda.spread": ["Spread.__init__", "Spread.device_room", "SpreadRoom.fill", "SpreadRoom.free", "Spread.close"],
     "cnnlab.cpu.backend": ["CpuBackend.__init__", "CpuBackend.compute", "CpuBackend.close"],
-    "cnnlab.run": ["run_network", "fill_images", "Prefetcher.close"],
+    "cnnlab.run": ["run_network", "fill_images", "_device_rooms", "_fill_room", "Prefetcher.close"],
     "cnnlab.files.safety": ["AtomicOutput.commit"],
     "numpy": [],
 }
