@@ -221,13 +221,19 @@ def _view_images(reader: NpyImageReader, images: int, slot: Any, stop: threading
 
 
 def _device_rooms(backend: Backend, reader: ImageReader, slots: int) -> list[DeviceRoom]:
-    """A device room a slot, where the input is a regular .npy file and the backend has rooms (a GPU); else none."""
+    """A device room a slot, where the input is a regular .npy file and the backend has rooms (a GPU); else none. Where
+    a room cannot be made, those made before it are freed."""
     rooms: list[DeviceRoom] = []
-    while isinstance(reader, NpyImageReader) and reader.seekable and len(rooms) < slots:
-        room = backend.device_room(rooms[0].capacity if rooms else reader.count)
-        if room is None:
-            break
-        rooms.append(room)
+    try:
+        while isinstance(reader, NpyImageReader) and reader.seekable and len(rooms) < slots:
+            room = backend.device_room(rooms[0].capacity if rooms else reader.count)
+            if room is None:
+                break
+            rooms.append(room)
+    except BaseException:
+        for each in rooms:
+            each.free()
+        raise
     return rooms
 
 

@@ -17,7 +17,7 @@ from helpers import assert_one_line_error, cnnlab, cpu_outputs, random_cnn, why_
 from cnnlab.backend import Batch, DeviceBatch, TextBatching
 from cnnlab.cpu.backend import CpuBackend
 from cnnlab.cuda.spread import Spread
-from cnnlab.errors import InputFileError
+from cnnlab.errors import DeviceError, InputFileError
 from cnnlab.files.csv_batch import CsvBatch
 from cnnlab.generate import random_values, write_cnn_file
 from cnnlab.network import IMAGE_BYTES, INPUT_DIM, Cnn, ImageBatch, OutputBatch
@@ -51,12 +51,15 @@ class StandIn(CpuBackend):
 
     reads_in_place = False
 
-    def __init__(self, cnn: Cnn, cut: Path | None = None) -> None:
+    def __init__(self, cnn: Cnn, cut: Path | None = None, rooms_made: int | None = None) -> None:
+        """`rooms_made`: how many rooms it makes before the next cannot be (as device memory runs out), None: no end."""
         super().__init__(cnn, batch_size=16, threads=1)
         self.rooms: list[HostRoom] = []
-        self._cut = cut
+        self._cut, self._rooms_made = cut, rooms_made
 
     def device_room(self, count: int) -> HostRoom:  # type: ignore[override]
+        if len(self.rooms) == self._rooms_made:
+            raise DeviceError("cannot make room on the device for a batch of the file's images: out of memory")
         self.rooms.append(HostRoom(min(count, 16), self._cut))  # a room of at most 16 images, as a GPU's of its own size
         return self.rooms[-1]
 
@@ -97,10 +100,23 @@ def test_a_file_cut_short_under_a_run_is_an_error_and_no_output(tmp_path: Path, 
     assert not (tmp_path / "out.npy").exists()
 
 
+@pytest.mark.parametrize("gpus, rooms_made", [(1, 0), (1, 1), (2, 0), (2, 1)])
+def test_rooms_made_before_one_that_cannot_be_are_freed(tmp_path: Path, rng: np.random.Generator, gpus: int, rooms_made: int) -> None:
+    """The last GPU runs out of device memory at its first or second room: the run ends in that error, with every room
+    made before it (the other GPUs' and its own) freed and nothing written."""
+    cnn, path = random_cnn(rng), save(tmp_path / "in.npy", random_values(rng, 40, INPUT_DIM, INPUT_DIM))
+    makes = [partial(StandIn, cnn) for _ in range(gpus - 1)] + [partial(StandIn, cnn, rooms_made=rooms_made)]
+    with Spread(makes) as spread, pytest.raises(DeviceError, match="out of memory"):
+        run_network(spread, path, tmp_path / "out.npy")
+    rooms = [room for backend in spread._backends for room in backend.rooms]  # type: ignore[attr-defined]
+    assert len(rooms) == gpus * rooms_made + gpus - 1 and all(room.freed for room in rooms)
+    assert not (tmp_path / "out.npy").exists()
+
+
 @pytest.mark.parametrize("gpus", [2, 3])
 @pytest.mark.parametrize("count", [1, 5, 40, 97])
 def test_several_gpus_rooms_take_the_batch_s_shares_in_order(tmp_path: Path, rng: np.random.Generator, gpus: int, count: int) -> None:
-    """Spread over stand-ins: a room on each, filled at once from consecutive parts of the file, the outputs in order."""
+    """Spread over stand-ins: a room on each, filled from consecutive parts of the file, the outputs in order."""
     cnn, images = random_cnn(rng), random_values(rng, count, INPUT_DIM, INPUT_DIM)
     with Spread([partial(StandIn, cnn) for _ in range(gpus)]) as spread:
         stats = run_network(spread, save(tmp_path / "in.npy", images), tmp_path / "out.npy")
@@ -126,20 +142,27 @@ def test_several_gpus_rooms_name_a_nan_and_refuse_a_cut_file(tmp_path: Path, rng
 @GPU
 @pytest.mark.parametrize("nbytes", [1, 4 << 20, (4 << 20) + 8, (37 << 20) + 123])
 def test_the_copier_puts_a_file_s_bytes_on_the_device(tmp_path: Path, nbytes: int) -> None:
-    """Ranges of a file at odd offsets and sizes (a task, less, more, many tasks and a tail) reach the device whole; a
-    range past the file's end copies what there is and says how much."""
+    """Ranges of a file at odd offsets and sizes (a task, less, more, many tasks and a tail) reach the device whole once
+    the room's ready event has passed (read back on a stream that waits for it and for nothing else); a range past the
+    file's end copies what there is and says how much."""
     from cnnlab.cuda.context import CudaContext
 
     data = np.frombuffer(os.urandom(nbytes + 4096), np.uint8)
     (tmp_path / "f").write_bytes(data.tobytes())
     with CudaContext(random_cnn(np.random.default_rng(1))) as context, open(tmp_path / "f", "rb") as file:
         room = context.device_room(-(-(nbytes + 4096) // IMAGE_BYTES))
+        reader = context.driver.Stream(flags=1)  # CU_STREAM_NON_BLOCKING: no wait for the copier's streams of its own
+        back = context.memory.host(nbytes, "u1")
         for offset in (0, 7, 4096):
-            assert room._copier.copy(file.fileno(), offset, nbytes, int(room.allocation), threading.Event()) == nbytes
-            back = np.empty(nbytes, np.uint8)
-            context.driver.memcpy_dtoh(back, room.allocation)
+            back[:] = 0
+            assert room._copier.copy(file.fileno(), offset, nbytes, int(room.allocation), room.ready, threading.Event()) == nbytes
+            reader.wait_for_event(room.ready)
+            context.driver.memcpy_dtoh_async(back, room.allocation, reader)
+            reader.synchronize()
             assert np.array_equal(back, data[offset : offset + nbytes])
-        assert room._copier.copy(file.fileno(), 4096 + 5, nbytes, int(room.allocation), threading.Event()) == max(nbytes - 5, 0)
+        copied = room._copier.copy(file.fileno(), 4096 + 5, nbytes, int(room.allocation), room.ready, threading.Event())
+        assert copied == max(nbytes - 5, 0)
+        room.free()
 
 
 @GPU
@@ -166,7 +189,7 @@ def test_cuda_mode_on_a_npy_file_gives_the_copied_path_s_outputs(tmp_path: Path,
 
 @GPU
 def test_two_contexts_rooms_give_one_context_s_outputs(tmp_path: Path, rng: np.random.Generator) -> None:
-    """Several GPUs' rooms, two contexts on GPU 0 standing in: each fills its share at once, the outputs the same bytes
+    """Several GPUs' rooms, two contexts on GPU 0 standing in: each fills its share in turn, the outputs the same bytes
     as one context's."""
     from cnnlab.cuda.context import CudaContext
 

@@ -190,11 +190,14 @@ class CudaContext:
             allocation = self.memory.device(capacity * IMAGE_BYTES)
             return FileRoom(self._file_copier, allocation, capacity, self.driver, self._free_room)
 
-    def _free_room(self, allocation: DeviceAllocation) -> None:
-        """Give a room's memory back; in a lost context nothing is freed (see close())."""
+    def _free_room(self, room: FileRoom) -> None:
+        """Give a room's memory back once its last fill's copies have arrived (a batch filled but never computed may
+        still be arriving); in a lost context nothing is freed (see close())."""
         with device_errors("cannot free device memory"), self._current():
             if not context_lost(self.driver):
-                self.memory.free(allocation)
+                room.ready.synchronize()
+                self.memory.free(room.allocation)
+                room.ready = None  # the event goes now, while the context is current
 
     def upload(self, batch: ImageBatch) -> DeviceImages:
         """Copy a batch to device memory once, for compute_resident(); free() gives the memory back."""
@@ -215,7 +218,7 @@ class CudaContext:
             return self._open_lanes.run(len(batch), source, check_finite=check_finite)
         if isinstance(batch, DeviceBatch):
             assert isinstance(batch.room, FileRoom)  # a room of this context's
-            resident = ResidentImages(int(batch.room.allocation), self.chunk_images)
+            resident = ResidentImages(int(batch.room.allocation), self.chunk_images, batch.room.ready)
             return self._open_lanes.run(len(batch), resident, check_finite=check_finite)
         text = self.csv_text
         assert text is not None  # CSV text comes only where csv_text said it may

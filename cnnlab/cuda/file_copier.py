@@ -8,6 +8,12 @@ written out to memory and read back by the DMA engine, three crossings. This is 
 absent, and it measured the same: 43-46 GB/s on 12-16 threads with 4 MiB tasks on the H100 machine (0.85-0.90 of the
 bus, KvikIO's read 44.8-46.1 GB/s in the same call), against 7.5-24 GB/s with 1-2 MiB tasks, 35-38 with 16 MiB, and
 29-30 GB/s with one bounce buffer a thread (no read while its copy runs).
+
+A copy returns once every byte is read and its copy queued, not once the copies have reached the device: the room's
+`ready` event is recorded after the last of them, and the kernels that read the room wait for it on the device. So the
+threads go on to the next room while the DMA engine drains this one's last copies (up to two tasks a thread, 96 MiB:
+1.8 ms at 54 GB/s, 5% of a 16,384-image room's 33 ms when the threads waited for it). The bounce buffers are one
+page-locked block, made with the copier: 128 MiB took 85-88 ms on an H200's host, 32 buffers of 4 MiB 87-120 ms.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,17 +36,19 @@ if TYPE_CHECKING:
     from cnnlab.cuda.memory import Allocator
 
 TASK_BYTES = 4 << 20  # a thread's read and copy at a time (module docstring: the measured sizes)
-MAX_THREADS = 16  # on 16 cores: 12 threads 46.0-46.1 GB/s, 16 43.2-44.3, 8 39.2-41.5; each costs two bounce buffers
+MAX_THREADS = 12  # on 16 cores: 12 threads 46.0-46.1 GB/s, 16 43.2-44.3, 8 39.2-41.5; each costs two bounce buffers
 
 
 class _Bouncer:
-    """One thread's share: two page-locked bounce buffers, a stream, and an event per buffer (its copy is done)."""
+    """One thread's share: two page-locked bounce buffers (`block`, halved), a stream, an event per buffer (its copy is
+    done), and one recorded after a copy's last task (what the room's `ready` event waits for)."""
 
-    def __init__(self, driver: Driver, memory: Allocator) -> None:
-        self.buffers = [memory.host(TASK_BYTES, "u1") for _ in range(2)]
+    def __init__(self, driver: Driver, block: np.ndarray) -> None:
+        self.buffers = [block[:TASK_BYTES], block[TASK_BYTES:]]
         self.stream = driver.Stream()
         no_timing = driver.event_flags.DISABLE_TIMING
         self.copied = [driver.Event(no_timing) for _ in range(2)]
+        self.queued = driver.Event(no_timing)
 
 
 @dataclass(frozen=True)
@@ -56,19 +64,24 @@ class _Copy:
 class FileCopier:
     """Copies byte ranges of files into device memory on `threads` threads (at most MAX_THREADS), with the context
     made current on each by `current`; its buffers are `memory`'s, given back when the context frees its memory. One
-    copy at a time (a run's reader thread asks): the threads' bounce buffers serve every copy."""
+    copy at a time (a run's reader thread asks): the threads' bounce buffers serve every copy. Made on the context's
+    thread (its join stream is the context's)."""
 
     def __init__(self, driver: Driver, memory: Allocator, current: Callable[[], AbstractContextManager[None]], threads: int) -> None:
         self._driver, self._current = driver, current
-        self._bouncers = [_Bouncer(driver, memory) for _ in range(min(threads, MAX_THREADS))]
+        count = min(threads, MAX_THREADS)
+        block = memory.host(count * 2 * TASK_BYTES, "u1")
+        self._bouncers = [_Bouncer(driver, block[index * 2 * TASK_BYTES : (index + 1) * 2 * TASK_BYTES]) for index in range(count)]
+        self._joined = driver.Stream()  # waits for every thread's last copy, then records a room's ready event
         self._pool = ThreadPoolExecutor(len(self._bouncers), thread_name_prefix="cnnlab-copy-in")
         self._one_copy = threading.Lock()
 
-    def copy(self, fd: int, offset: int, nbytes: int, address: int, stop: threading.Event) -> int:
+    def copy(self, fd: int, offset: int, nbytes: int, address: int, ready: Any, stop: threading.Event) -> int:
         """Copy `nbytes` of the file `fd` from `offset` to device address `address`: the bytes copied, fewer where the
-        file ends first. Where `stop` is set (a run ending) no more tasks are taken and the count says nothing: the
-        caller, which set it, drops the room's batch; where a thread fails, its error is raised. Returns once every
-        copy queued has reached the device."""
+        file ends first. Returns once every byte is read and its copy queued; `ready` is recorded after the last copy,
+        for whatever reads the memory to wait for on the device. Where `stop` is set (a run ending) no more tasks are
+        taken and the count says nothing: the caller, which set it, drops the room's batch; where a thread fails, its
+        error is raised. On both ways out every copy queued has reached the device first."""
         tasks = iter(range(0, nbytes, TASK_BYTES))
         taking, failed = threading.Lock(), threading.Event()
 
@@ -83,12 +96,20 @@ class FileCopier:
         copy = _Copy(fd, offset, nbytes, address)
         with self._one_copy:
             work = [self._pool.submit(self._drain, bouncer, next_task(), copy, failed) for bouncer in self._bouncers]
-            wait(work)  # every thread done before any error is raised: none is still copying into the room
+            wait(work)  # every thread done before any error is raised: none is still reading into its buffers
+            with self._current(), device_errors("cannot copy the file's images to the device"):
+                if failed.is_set() or stop.is_set():  # nothing may still be copying into a room that is dropped
+                    for bouncer in self._bouncers:
+                        bouncer.stream.synchronize()
+                else:
+                    for bouncer in self._bouncers:
+                        self._joined.wait_for_event(bouncer.queued)
+                    ready.record(self._joined)
             return min(future.result() for future in work)  # where the file ended on a thread first, else nbytes
 
     def _drain(self, bouncer: _Bouncer, tasks: Iterator[int], copy: _Copy, failed: threading.Event) -> int:
         """Take tasks until none are left or the file ends: where it ended (the offset of the first byte missing), else
-        `nbytes`. Its stream is drained on every way out; a failure sets `failed`, so that the others take no more."""
+        `nbytes`. A failure sets `failed`, so that the others take no more."""
         end = copy.nbytes
         with self._current(), device_errors("cannot copy the file's images to the device"):
             try:
@@ -104,11 +125,10 @@ class FileCopier:
                     if got < wanted:
                         end = at + got
                         break
+                bouncer.queued.record(bouncer.stream)
             except BaseException:
                 failed.set()
                 raise
-            finally:
-                bouncer.stream.synchronize()
         return end
 
     def close(self) -> None:
@@ -120,20 +140,22 @@ class FileRoom:
     """Device memory for `capacity` images that the copier fills from a file: a backend.DeviceRoom of a CUDA context."""
 
     def __init__(
-        self, copier: FileCopier, allocation: DeviceAllocation, capacity: int, driver: Driver, release: Callable[[DeviceAllocation], None]
+        self, copier: FileCopier, allocation: DeviceAllocation, capacity: int, driver: Driver, release: Callable[[FileRoom], None]
     ) -> None:
-        """`release` gives the allocation back (the context's, which knows whether it still can)."""
+        """`release` gives the room's memory back (the context's, which knows whether it still can)."""
         self._copier, self.allocation, self.capacity, self._driver, self._release = copier, allocation, capacity, driver, release
+        self.ready = driver.Event(driver.event_flags.DISABLE_TIMING)  # the last fill's copies are on the device
 
     def fill(self, fd: int, offset: int, count: int, stop: threading.Event) -> int:
-        return self._copier.copy(fd, offset, count * IMAGE_BYTES, int(self.allocation), stop)
+        return self._copier.copy(fd, offset, count * IMAGE_BYTES, int(self.allocation), self.ready, stop)
 
     def free(self) -> None:
-        self._release(self.allocation)
+        self._release(self)
 
     def host_copy(self, count: int) -> np.ndarray:
         """On the context's thread (it is current there)."""
         images = np.empty((count, INPUT_DIM, INPUT_DIM))
         with device_errors("cannot copy images back from the device"):
+            self.ready.synchronize()
             self._driver.memcpy_dtoh(images, self.allocation)
         return images

@@ -108,13 +108,15 @@ class HostImages:
 
 
 class ResidentImages:
-    """Chunks of images already in device memory: nothing to copy."""
+    """Chunks of images already in device memory: nothing to copy. Where `ready` is given (a device room's event, its
+    fill's last copy), each lane's kernels wait for it on the device."""
 
-    def __init__(self, address: int, chunk: int) -> None:
-        self._address, self._chunk = address, chunk
+    def __init__(self, address: int, chunk: int, ready: Any = None) -> None:
+        self._address, self._chunk, self._ready = address, chunk, ready
 
     def start(self, lane: Lane, index: int) -> None:
-        pass
+        if self._ready is not None:
+            lane.stream.wait_for_event(self._ready)
 
     def images(self, lane: Lane, index: int) -> int:
         return self._address + index * self._chunk * IMAGE_BYTES

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import wait
 from functools import partial
 from operator import methodcaller
 from typing import Any
@@ -33,7 +33,6 @@ class Spread:
     name = "cuda"
 
     def __init__(self, makes: list[Callable[[], Backend]]) -> None:
-        self._fillers: ThreadPoolExecutor | None = None  # a thread a GPU, filling its room: made with the first rooms
         self._owners = [BackendOwner(make, f"cnnlab-gpu-{index}") for index, make in enumerate(makes)]
         try:
             self._backends = [owner.backend() for owner in self._owners]
@@ -53,18 +52,22 @@ class Spread:
         return self._owners[0].call(lambda backend: backend.allocate_images(count))
 
     def device_room(self, count: int) -> SpreadRoom | None:
-        """A room on every GPU (each made on its thread), a share of each batch each, which the file's bytes are copied
-        into at once; None where a GPU's backend has no rooms (stand-ins)."""
+        """A room on every GPU (made at once, each on its thread), a share of each batch each, which the file's bytes
+        are copied into one GPU's part after another; None where a GPU's backend has no rooms (stand-ins)."""
         share = math.ceil(count / len(self._owners))
-        rooms = [owner.call(lambda backend: backend.device_room(share)) for owner in self._owners]
-        if any(room is None for room in rooms):
-            for owner, room in zip(self._owners, rooms):
-                if room is not None:
-                    owner.call(partial(_free, room))
-            return None
-        if self._fillers is None:
-            self._fillers = ThreadPoolExecutor(len(self._owners), thread_name_prefix="cnnlab-spread-fill")
-        return SpreadRoom(rooms, self._owners, self._fillers, count)
+        making = [owner.submit(lambda backend: backend.device_room(share)) for owner in self._owners]
+        wait(making)  # every room made (or failed) before any error is raised: none is left unfreed
+        failure = next((part.exception() for part in making if part.exception() is not None), None)
+        rooms: list[DeviceRoom | None] = [None if part.exception() is not None else part.result() for part in making]
+        made = [room for room in rooms if room is not None]
+        if failure is None and len(made) == len(rooms):
+            return SpreadRoom(made, self._owners, count)
+        for owner, room in zip(self._owners, rooms):  # a GPU failed, or one has no rooms (stand-ins): none is kept
+            if room is not None:
+                owner.call(partial(_free, room))
+        if failure is not None:
+            raise failure
+        return None
 
     def allocate_text(self, nbytes: int) -> np.ndarray:
         """The first GPU's page-locked window (made current on the caller's thread, as a CudaContext's are)."""
@@ -99,8 +102,6 @@ class Spread:
 
     def close(self) -> None:
         """Close every GPU's backend on its own thread (its context last, as CudaContext.close does)."""
-        if self._fillers is not None:
-            self._fillers.shutdown()
         for owner in self._owners:
             owner.close()
 
@@ -112,12 +113,15 @@ class Spread:
 
 
 class SpreadRoom:
-    """A room on each GPU, filled at once from consecutive parts of the file (each GPU's copier on its own threads), the
-    first GPU's the batch's first images: a backend.DeviceRoom of several GPUs."""
+    """A room on each GPU, filled from consecutive parts of the file, the first GPU's the batch's first images: a
+    backend.DeviceRoom of several GPUs. The parts are filled one after another, each by its GPU's copier on every one of
+    its threads: the host's reading of the file is what bounds a fill, and two GPUs' copiers at once (32 threads on the
+    2 x H200 host's 32 cores) read it at 32 GB/s where one reads at 39-43. A copy returns once its bytes are queued
+    (file_copier.py), so the next GPU's part starts while the last one's copies drain."""
 
-    def __init__(self, rooms: list[DeviceRoom], owners: list[BackendOwner], fillers: ThreadPoolExecutor, count: int) -> None:
+    def __init__(self, rooms: list[DeviceRoom], owners: list[BackendOwner], count: int) -> None:
         """`count`: the most images asked for (the rooms' shares, rounded up, may hold a few more)."""
-        self._rooms, self._owners, self._fillers = rooms, owners, fillers
+        self._rooms, self._owners = rooms, owners
         self.capacity = min(count, sum(room.capacity for room in rooms))
 
     def _counts(self, count: int) -> list[int]:
@@ -134,17 +138,13 @@ class SpreadRoom:
         return counts
 
     def fill(self, fd: int, offset: int, count: int, stop: threading.Event) -> int:
-        counts, at = self._counts(count), offset
-        parts = []
-        for room, images in zip(self._rooms, counts):
-            parts.append(self._fillers.submit(room.fill, fd, at, images, stop) if images else None)
-            at += images * IMAGE_BYTES
-        wait([part for part in parts if part is not None])  # every GPU's copies done before any error is raised
         copied = 0
-        for part, images in zip(parts, counts):
-            got = 0 if part is None else part.result()
+        for room, images in zip(self._rooms, self._counts(count)):
+            if not images:
+                continue
+            got = room.fill(fd, offset + copied, images, stop)
             copied += got
-            if got < images * IMAGE_BYTES:  # the file ended in this part: what later parts read is not the batch's
+            if got < images * IMAGE_BYTES or stop.is_set():  # the file ended in this part (or the run is ending)
                 break
         return copied
 
