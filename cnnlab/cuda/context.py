@@ -66,10 +66,11 @@ if TYPE_CHECKING:
 
 # Images per compute() call from the command line: the run's two page-locked buffers stay at ~330 MB.
 DEFAULT_BATCH_IMAGES = 2048
-# Images a device room holds (a batch of a regular .npy file, copied straight to the device), two rooms a run: the
-# copier's threads wait for each other at a room's end, so a room is many of their tasks. On the H200 machine (200,000
-# images, three turns) the loop ran 31.4-31.9 GB/s with rooms of 2,048 images, 41.8-42.8 with 8,192 and 42.9-45.7 with
-# 16,384 (1.3 GB of device memory a room; a room takes at most ROOM_SHARE of the free device memory).
+# Images a device room holds (a batch of a regular .npy file, copied straight to the device), two rooms a run: at a
+# room's end the copier's threads wait for the slowest one's last task, so a room is many of their tasks. On the H200
+# machine (200,000 images, three turns, when the threads also waited for their copies to land) the loop ran 31.4-31.9
+# GB/s with rooms of 2,048 images, 41.8-42.8 with 8,192 and 42.9-45.7 with 16,384 (1.3 GB of device memory a room; a
+# room takes at most ROOM_SHARE of the free device memory).
 DEFAULT_ROOM_IMAGES = 16384
 ROOM_SHARE = 1 / 8
 # Images per compute() call when CSV text is parsed on the device: ~50 MB of text a batch, read into one of
