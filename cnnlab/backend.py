@@ -67,6 +67,10 @@ class Backend(Protocol):
         """A host buffer of shape (count, 100, 100) that compute() reads fastest from."""
         ...
 
+    def free_images(self, buffer: np.ndarray) -> None:
+        """Give back a buffer allocate_images() made (a GPU's is page-locked until then, whatever holds the array)."""
+        ...
+
     def device_room(self, count: int) -> DeviceRoom | None:
         """Room in the backend's device memory for up to `count` images (as many as suit it: its `capacity`, the batch)
         that a regular file's bytes are copied straight into (a DeviceBatch for compute()), to be freed when the run is

@@ -19,7 +19,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from operator import methodcaller
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -33,6 +34,8 @@ from cnnlab.files.safety import OutputSet
 from cnnlab.interrupts import held, join_through_signals
 from cnnlab.network import IMAGE_BYTES, NO_TRACE, Cnn, DeviceRoom, ImageBatch, OutputBatch, Tracer, first_nonfinite, fits
 from cnnlab.progress import Progress
+
+Made = TypeVar("Made")  # what _one_a_slot makes: a device room, a host buffer
 
 
 @dataclass(frozen=True)
@@ -221,20 +224,24 @@ def _view_images(reader: NpyImageReader, images: int, slot: Any, stop: threading
 
 
 def _device_rooms(backend: Backend, reader: ImageReader, slots: int) -> list[DeviceRoom]:
-    """A device room a slot, where the input is a regular .npy file and the backend has rooms (a GPU); else none. Where
-    a room cannot be made, those made before it are freed."""
-    rooms: list[DeviceRoom] = []
+    """A device room a slot, where the input is a regular .npy file and the backend has rooms (a GPU); else none."""
+    if not (isinstance(reader, NpyImageReader) and reader.seekable):
+        return []
+    return _one_a_slot(lambda made: backend.device_room(made[0].capacity if made else reader.count), methodcaller("free"), slots)
+
+
+def _one_a_slot(make: Callable[[list[Made]], Made | None], free: Callable[[Made], None], slots: int) -> list[Made]:
+    """What `make` makes (told what it made before) for each of `slots`, until it makes None; where one cannot be made,
+    those made before it are freed with `free`."""
+    made: list[Made] = []
     try:
-        while isinstance(reader, NpyImageReader) and reader.seekable and len(rooms) < slots:
-            room = backend.device_room(rooms[0].capacity if rooms else reader.count)
-            if room is None:
-                break
-            rooms.append(room)
+        while len(made) < slots and (each := make(made)) is not None:
+            made.append(each)
     except BaseException:
-        for each in rooms:
-            each.free()
+        for each in made:
+            free(each)
         raise
-    return rooms
+    return made
 
 
 def _fill_room(reader: NpyImageReader, room: DeviceRoom, stop: threading.Event) -> DeviceBatch | None:
@@ -294,6 +301,7 @@ def run_network(
         open_outputs(output_path, reader.count, together) as output,
     ):
         rooms: list[DeviceRoom] = []  # a regular .npy file's device rooms, where the backend has them: freed at the end
+        images: list[np.ndarray] = []  # else the host buffers the reader fills, where the images are read: freed too
         if text and isinstance(reader, CsvImageReader):
             batch_size = min(text.batch_images, reader.count, reader.capacity)
             reader.reserve_text(batch_size)
@@ -313,7 +321,8 @@ def run_network(
                 read, buffers = partial(_fill_room, reader), rooms
             else:
                 batch_size = fit_batch(reader, batch_size, slots, backend.threads)
-                read, buffers = partial(fill_images, reader), [backend.allocate_images(batch_size) for _ in range(slots)]
+                images = _one_a_slot(lambda _: backend.allocate_images(batch_size), backend.free_images, slots)
+                read, buffers = partial(fill_images, reader), images
         progress = Progress(f"cnnlab {backend.name}", reader.count)
         work_seconds, startup_seconds, images_done = 0.0, None, 0
         loop_start = time.perf_counter()
@@ -342,6 +351,8 @@ def run_network(
             progress.finish()
             for each in rooms:  # the reader has stopped: no copy is filling them
                 each.free()
+            for buffer in images:
+                backend.free_images(buffer)
         reader.finish()
     return RunStats(reader.count, work_seconds, loop_seconds, batch_size, startup_seconds)
 

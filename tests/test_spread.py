@@ -8,6 +8,7 @@ between them, on the GPU machine).
 from __future__ import annotations
 
 import threading
+from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 
@@ -39,6 +40,16 @@ class StandIn(CpuBackend):
         super().__init__(cnn, threads=1)
         self.name, self.calls, self.fail_at, self.threads_seen = "cuda", 0, fail_at, set()
         self.made_on = threading.current_thread().name
+        self.buffers_made, self.buffers_out = 0, []
+
+    def allocate_images(self, count: int) -> np.ndarray:
+        self.buffers_made += 1
+        self.buffers_out.append(super().allocate_images(count))
+        return self.buffers_out[-1]
+
+    def free_images(self, buffer: np.ndarray) -> None:
+        assert any(out is buffer for out in self.buffers_out)
+        self.buffers_out = [out for out in self.buffers_out if out is not buffer]
 
     def compute(self, batch: ImageBatch, check_finite: bool = False):  # type: ignore[override]
         self.calls += 1
@@ -73,6 +84,25 @@ def test_a_run_spread_over_stand_ins_writes_the_one_output_in_input_order(tmp_pa
         stats = run_network(spread, tmp_path / name, tmp_path / "out.csv")
     assert stats.images == 29 and stats.batch_size == 7
     assert np.array_equal(np.array(read_output_rows(tmp_path / "out.csv")), cpu_outputs(cnn, images))
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+@pytest.mark.parametrize("fail_at", [None, 2])
+def test_a_run_gives_back_the_host_buffers_it_made(tmp_path: Path, rng: np.random.Generator, gpus: int, fail_at: int | None) -> None:
+    """The buffers the reader fills (page-locked on a GPU) are given back as the run ends, well or in an error: a
+    long-lived backend (a Dask worker's) would otherwise keep them, run after run."""
+    cnn = random_cnn(rng)
+    images = random_values(rng, 29, 100, 100)
+    _, csv_path = write_files(tmp_path, cnn, images)
+    stand_ins = [partial(StandIn, cnn, fail_at)] + [partial(StandIn, cnn) for _ in range(gpus - 1)]
+    with Spread(stand_ins) if gpus > 1 else StandIn(cnn, fail_at) as backend:
+        backend.batch_size = 7
+        with pytest.raises(DeviceError) if fail_at else nullcontext():  # the second batch fails on the first GPU
+            run_network(backend, csv_path, tmp_path / "out.csv")
+        run_network(backend, csv_path, tmp_path / "out.csv")  # the next run computes every batch
+        assert np.array_equal(np.array(read_output_rows(tmp_path / "out.csv")), cpu_outputs(cnn, images))
+        first = backend._backends[0] if isinstance(backend, Spread) else backend
+        assert first.buffers_made == 4 and first.buffers_out == []  # type: ignore[attr-defined]
 
 
 def test_a_gpu_that_fails_ends_the_run_in_one_line_with_nothing_written(

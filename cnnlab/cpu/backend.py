@@ -88,6 +88,9 @@ class CpuBackend(HostMemory):
         """A buffer on pages of its own, huge where the kernel gives them: the reader fills it with few faults."""
         return own_pages(count * IMAGE_BYTES, "an image buffer").view(np.float64).reshape(count, INPUT_DIM, INPUT_DIM)
 
+    def free_images(self, buffer: np.ndarray) -> None:
+        """Nothing to give back: the pages go with the last array on them."""
+
     def device_room(self, count: int) -> None:
         """None: the CPU has no device memory; a file's images are mapped (reads_in_place) or read into host buffers."""
         return None

@@ -179,6 +179,9 @@ class CudaContext:
         with device_errors("cannot allocate page-locked host memory"):
             return self.memory.host((count, INPUT_DIM, INPUT_DIM))
 
+    def free_images(self, buffer: np.ndarray) -> None:
+        self._free_page_locked(buffer)
+
     def device_room(self, count: int) -> FileRoom:
         """Device memory for `count` images, at most a room's (DEFAULT_ROOM_IMAGES, or the batch asked for, and no more
         than ROOM_SHARE of the device's free memory), filled straight from a file by the context's copier (made with the
@@ -305,7 +308,10 @@ class CudaContext:
             return self.memory.host(nbytes, np.uint8)
 
     def free_text(self, buffer: np.ndarray) -> None:
-        """Give a text window back; in a lost context nothing is freed (see close())."""
+        self._free_page_locked(buffer)
+
+    def _free_page_locked(self, buffer: np.ndarray) -> None:
+        """Give a page-locked buffer back (on any thread); in a lost context nothing is freed (see close())."""
         with device_errors("cannot free page-locked host memory"), self._current():
             if not context_lost(self.driver):
                 self.memory.free(buffer)

@@ -51,6 +51,9 @@ class Spread:
         """A buffer the first GPU allocates on its thread: page-locked and portable, so every GPU copies from it."""
         return self._owners[0].call(lambda backend: backend.allocate_images(count))
 
+    def free_images(self, buffer: np.ndarray) -> None:
+        self._owners[0].call(lambda backend: backend.free_images(buffer))
+
     def device_room(self, count: int) -> SpreadRoom | None:
         """A room on every GPU (made at once, each on its thread), a share of each batch each, which the file's bytes
         are copied into one GPU's part after another; None where a GPU's backend has no rooms (stand-ins)."""
