@@ -151,7 +151,10 @@ def test_the_copier_puts_a_file_s_bytes_on_the_device(tmp_path: Path, nbytes: in
     (tmp_path / "f").write_bytes(data.tobytes())
     with CudaContext(random_cnn(np.random.default_rng(1))) as context, open(tmp_path / "f", "rb") as file:
         room = context.device_room(-(-(nbytes + 4096) // IMAGE_BYTES))
-        reader = context.driver.Stream(flags=1)  # CU_STREAM_NON_BLOCKING: no wait for the copier's streams of its own
+        # A stream of the test's (CU_STREAM_NON_BLOCKING): it waits for the copier's streams only through `ready`, where a
+        # copy on the legacy default stream would wait for them all. The 37 MiB range is long enough to catch a `ready`
+        # recorded before the last copies; a few MiB may land before the read-back is queued.
+        reader = context.driver.Stream(flags=1)
         back = context.memory.host(nbytes, "u1")
         for offset in (0, 7, 4096):
             back[:] = 0
