@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from cnnlab.files.csv_batch import CsvBatch
-from cnnlab.network import DeviceRoom, ImageBatch, OutputBatch
+from cnnlab.network import DeviceRoom, ImageBatch, OutputBatch, RoomImages, TextRooms
 
 if TYPE_CHECKING:
     from typing import Self
@@ -23,9 +23,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class DeviceBatch:
-    """The first `count` images of a device room, filled from a file."""
+    """The first `count` images of a device room, filled from a file or parsed from its text."""
 
-    room: DeviceRoom
+    room: RoomImages
     count: int
 
     def __len__(self) -> int:
@@ -75,6 +75,12 @@ class Backend(Protocol):
         """Room in the backend's device memory for up to `count` images (as many as suit it: its `capacity`, the batch)
         that a regular file's bytes are copied straight into (a DeviceBatch for compute()), to be freed when the run is
         over; None where there is no such way (the CPU)."""
+        ...
+
+    def text_rooms(self, image_bytes: float) -> TextRooms | None:
+        """Rooms in the backend's device memory that a regular CSV file's text (`image_bytes` an image) is copied
+        straight into and parsed in (DeviceBatches of their images for compute()), to be freed when the run is over;
+        None where there is no such way (the CPU, or where the host parses CSV)."""
         ...
 
     def allocate_text(self, nbytes: int) -> np.ndarray:

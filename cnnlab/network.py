@@ -252,6 +252,45 @@ class DeviceRoom(Protocol):
         ...
 
 
+class RoomImages(Protocol):
+    """Images in a backend's device memory, which its compute() reads where they lie (a DeviceBatch's)."""
+
+    def host_copy(self, count: int) -> np.ndarray:
+        """The room's first `count` images, copied back to the host: to name the image a compute() refused."""
+        ...
+
+
+class TextRooms(Protocol):
+    """Device memory that a regular CSV file's text is copied into with no stop in a host buffer, and parsed there into
+    rooms of images (a backend's text_rooms()): two text rooms, so that one fills while the other parses."""
+
+    text_bytes: int  # the most text a fill takes
+
+    def start_fill(self, fd: int, offset: int, nbytes: int, stop: threading.Event) -> None:
+        """Start copying `nbytes` of the file `fd` from `offset` into the next text room, on threads of the backend's,
+        while the caller goes on; where `stop` is set (the run is ending) the copy stops early."""
+        ...
+
+    def filled(self) -> int:
+        """Wait for the fill started last: the bytes copied, fewer where the file ends first (or where `stop` was set)."""
+        ...
+
+    def parse(self, nbytes: int, file_row: int, carry: int, separated: bool) -> None:
+        """Queue the parse of the oldest filled text room (its first `nbytes`, from the file's row `file_row`: a room
+        starts just after a row) into an image room, after the `carry` rows of an image the last parse left unfinished;
+        `separated`: the file has a blank line before every image after the first (files/rows.py's Layout)."""
+        ...
+
+    def parsed(self, carry: int, path: str | os.PathLike[str]) -> tuple[int, RoomImages] | None:
+        """Wait for the last parse: the rows it found and the room of images that holds them after the `carry` rows;
+        None where it found a bad row (the file `path`'s reader names it)."""
+        ...
+
+    def free(self) -> None:
+        """Give the rooms' device memory back (the run that asked for them is over)."""
+        ...
+
+
 class Tracer(Protocol):
     """What a run's parts tell --trace of their time (cnnlab/trace/recorder.py records it). NO_TRACE, where no trace was
     asked for, records nothing and imports nothing: a span then costs a call."""

@@ -27,12 +27,13 @@ import numpy as np
 from cnnlab.backend import Backend, Batch, DeviceBatch
 from cnnlab.errors import ArrayError, InputFileError
 from cnnlab.files.csv_batch import CsvBatch
+from cnnlab.files.csv_on_device import CsvOnDevice
 from cnnlab.files.csv_reader import CsvImageReader
 from cnnlab.files.formats import ImageReader, OutputWriter, open_images, open_outputs
 from cnnlab.files.npy import VIEW_IMAGES, NpyImageReader
 from cnnlab.files.safety import OutputSet
 from cnnlab.interrupts import held, join_through_signals
-from cnnlab.network import IMAGE_BYTES, NO_TRACE, Cnn, DeviceRoom, ImageBatch, OutputBatch, Tracer, first_nonfinite, fits
+from cnnlab.network import IMAGE_BYTES, NO_TRACE, Cnn, DeviceRoom, ImageBatch, OutputBatch, TextRooms, Tracer, first_nonfinite, fits
 from cnnlab.progress import Progress
 
 Made = TypeVar("Made")  # what _one_a_slot makes: a device room, a host buffer
@@ -251,6 +252,21 @@ def _fill_room(reader: NpyImageReader, room: DeviceRoom, stop: threading.Event) 
     return DeviceBatch(room, count) if count else None
 
 
+def _csv_on_device(backend: Backend, reader: ImageReader) -> CsvOnDevice | None:
+    """The reader of a regular CSV file's text into device rooms, where the backend has them (a GPU that parses CSV) and
+    the file's head says where its images begin; else None."""
+    if not isinstance(reader, CsvImageReader) or (start := reader.text_start()) is None:
+        return None
+    rooms = backend.text_rooms(os.fstat(reader.fileno()).st_size / reader.count)
+    return None if rooms is None else CsvOnDevice(reader, rooms, *start)
+
+
+def _parse_on_device(text: CsvOnDevice, slot: Any, stop: threading.Event) -> DeviceBatch | None:
+    """The next whole images of a regular CSV file, parsed in a backend's device rooms (a slot is only a turn)."""
+    found = text.read(stop)
+    return None if found is None else DeviceBatch(*found)
+
+
 def _read_text(reader: CsvImageReader, images: int, chunk: int, slot: Any, stop: threading.Event) -> CsvBatch | None:
     """The next batch of CSV text (the reader keeps its windows: a slot is only a turn)."""
     return reader.read_text(images, chunk)
@@ -273,7 +289,7 @@ def make_backend(
     gpus = gpus or [0]
     share = None if batch_size is None else max(1, -(-batch_size // len(gpus)))  # a batch's images over the GPUs
     config = LaunchConfig(kernel=kernel or DEFAULT_KERNEL)
-    make = partial(CudaContext, cnn, share, config, parse_csv=not host_parse, threads=threads, trace=trace)
+    make = partial(CudaContext, cnn, share, config, parse_csv=not host_parse, threads=threads, trace=trace, copier_ahead=True)
     if len(gpus) == 1:
         return make(device=gpus[0])
     from cnnlab.cuda.spread import Spread
@@ -300,29 +316,35 @@ def run_network(
         open_images(input_path, backend if text else None, backend.threads, trace) as reader,
         open_outputs(output_path, reader.count, together) as output,
     ):
-        rooms: list[DeviceRoom] = []  # a regular .npy file's device rooms, where the backend has them: freed at the end
+        rooms: list[DeviceRoom | TextRooms] = []  # a regular file's device rooms, where the backend has them: freed at the end
         images: list[np.ndarray] = []  # else the host buffers the reader fills, where the images are read: freed too
-        if text and isinstance(reader, CsvImageReader):
+        read: Callable[[Any, threading.Event], Batch | None]
+        buffers: list[Any] = [None] * slots  # what the reader fills, a slot each; for some, only a turn
+        on_device = _csv_on_device(backend, reader) if text else None
+        if on_device is not None:  # a regular CSV file, a backend with a device: its text goes straight to the device
+            rooms.append(on_device.rooms)
+            read, batch_size = partial(_parse_on_device, on_device), on_device.images_a_fill
+        elif text and isinstance(reader, CsvImageReader):
             batch_size = min(text.batch_images, reader.count, reader.capacity)
             reader.reserve_text(batch_size)
-            read: Callable[[Any, threading.Event], Batch | None] = partial(_read_text, reader, batch_size, text.chunk_images)
-            buffers: list[Any] = [None] * slots
+            read = partial(_read_text, reader, batch_size, text.chunk_images)
         else:
             mapped = backend.reads_in_place and isinstance(reader, NpyImageReader) and reader.map()
             # The backend's batch, else the reader's step (a mapped file's views); never buffers for images the file cannot hold.
             batch_size = min(backend.batch_size or (VIEW_IMAGES if mapped else reader.step), reader.count, reader.capacity)
-            rooms = [] if mapped else _device_rooms(backend, reader, slots)
+            file_rooms = [] if mapped else _device_rooms(backend, reader, slots)
+            rooms.extend(file_rooms)
             if mapped:
                 assert isinstance(reader, NpyImageReader)
-                read, buffers = partial(_view_images, reader, batch_size), [None] * slots
-            elif rooms:  # a regular .npy file, a backend with a device: its bytes go straight to the device's rooms
+                read = partial(_view_images, reader, batch_size)
+            elif file_rooms:  # a regular .npy file, a backend with a device: its bytes go straight to the device's rooms
                 assert isinstance(reader, NpyImageReader)
-                batch_size = rooms[0].capacity  # the backend's room, its batch
-                read, buffers = partial(_fill_room, reader), rooms
+                batch_size = file_rooms[0].capacity  # the backend's room, its batch
+                read, buffers = partial(_fill_room, reader), list(file_rooms)
             else:
                 batch_size = fit_batch(reader, batch_size, slots, backend.threads)
                 images = _one_a_slot(lambda _: backend.allocate_images(batch_size), backend.free_images, slots)
-                read, buffers = partial(fill_images, reader), images
+                read, buffers = partial(fill_images, reader), list(images)
         progress = Progress(f"cnnlab {backend.name}", reader.count)
         work_seconds, startup_seconds, images_done = 0.0, None, 0
         loop_start = time.perf_counter()

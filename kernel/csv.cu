@@ -1,4 +1,4 @@
-// The lab's input CSV parsed on the GPU, exactly: one block of text (a few MB, cut at line ends)
+// The lab's input CSV parsed on the GPU, exactly: one block of text (cut at line ends)
 // into rows of 100 doubles, each equal to Python's float() of its text, with the layout checked.
 //
 // Build:  nvcc -fatbin -arch=sm_90 -std=c++17 -O3 -Ikernel -o csv.fatbin kernel/csv.cu
@@ -7,9 +7,12 @@
 // Check:  pytest -m gpu tests/test_csv_gpu.py        (builds this file itself; float() is the reference)
 // Time:   python tools/bench_csv_gpu.py IN_CSV       (GB/s of text, CUDA events)
 //
-// The host reads the file in blocks cut at line ends (knowing each block's non-blank lines, `rows`,
-// from the summaries its read threads made of 1 MB pieces as they landed: files/lines.py's Lines, the Seg
-// below on the CPU), copies the block to the device and calls, in stream order:
+// A regular file's text is copied straight to the device in ranges of up to 512 MB cut just after a
+// row (cnnlab/cuda/csv_rooms.py), and each range parsed as one block whose rows the device counts:
+// the host passes `rows` < 0, the spans' room. Text from a pipe is read by the host in blocks cut at
+// line ends, knowing each block's non-blank lines, `rows`, from the summaries its read threads made of
+// 1 MB pieces as they landed (files/lines.py's Lines, the Seg below on the CPU). Either way, in
+// stream order:
 //   csv_tile_summaries  a thread block per 8 KB tile: the tile's line summary (reduce)
 //   csv_scan_tiles      one thread block: exclusive scan of the tile summaries; the block's line count
 //   csv_index_rows      a thread block per tile: each non-blank line's row and byte span (scan)
@@ -252,7 +255,9 @@ csv_tile_summaries(const unsigned char *__restrict__ block, int nbytes, Seg *__r
 // csv_scan_tiles: one block of CSV_SCAN_THREADS replaces tiles[0..count) by their exclusive
 // prefixes (each thread a run of consecutive tiles: combine, one block scan, write back), counts
 // the block's non-blank lines and starts the block's status: lines, bad_row (the first row past
-// the shorter count if the device's and the host's counts differ), no HOST fields.
+// the shorter count if the device's and the host's counts differ), no HOST fields. `rows` < 0:
+// the host has not counted (a room of a file's text, copied straight to the device), and any
+// count up to -rows (the spans' room) is good; past it, row -rows is bad.
 extern "C" __global__ void __launch_bounds__(CSV_SCAN_THREADS)
 csv_scan_tiles(Seg *__restrict__ tiles, int count, int rows, CsvStatus *__restrict__ status)
 {
@@ -271,7 +276,10 @@ csv_scan_tiles(Seg *__restrict__ tiles, int count, int rows, CsvStatus *__restri
     if (threadIdx.x == 0) {
         const int lines = seg_rows(total) + (seg_open_ink(total) ? 1 : 0);  // the last line may lack its '\n'
         status->lines = lines;
-        status->bad_row = lines == rows ? CSV_NO_BAD_ROW : min(lines, rows);
+        if (rows < 0)
+            status->bad_row = lines <= -rows ? CSV_NO_BAD_ROW : -rows;
+        else
+            status->bad_row = lines == rows ? CSV_NO_BAD_ROW : min(lines, rows);
         status->host_count = 0;
         status->overflow = 0;
     }
@@ -377,35 +385,35 @@ csv_split_rows(const unsigned char *__restrict__ block, int nbytes, const int2 *
 // csv_parse_fields: thread i converts field i % 100 of row i / 100 (rows the split found good)
 // with lab_parse_field and writes images[(first_row + row) * 100 + field]: consecutive threads,
 // consecutive doubles. A HOST field is left NaN and listed (atomicAdd) for the host; a BAD one is
-// reported (atomicMin). Grid: ceil(rows * 100 / CSV_FIELD_THREADS) blocks of CSV_FIELD_THREADS.
+// reported (atomicMin). Grid: ceil(rows * 100 / CSV_FIELD_THREADS) blocks of CSV_FIELD_THREADS,
+// or fewer where `rows` is only the room's bound (it strides).
 extern "C" __global__ void __launch_bounds__(CSV_FIELD_THREADS)
 csv_parse_fields(const unsigned char *__restrict__ block, const int2 *__restrict__ spans, const int *__restrict__ ends,
                  int rows, int first_row, double *__restrict__ images, CsvStatus *__restrict__ status)
 {
-    const int count = min(rows, status->lines);
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (long long)count * CSV_WIDTH)
-        return;
-    const int row = (int)(i / CSV_WIDTH), field = (int)(i % CSV_WIDTH);
-    const int2 span = spans[row];
-    if (ends[(long long)row * CSV_WIDTH + CSV_WIDTH - 1] < 0)  // a bad row, already reported
-        return;
-    const int from = field == 0 ? span.x : ends[i - 1] + 1, to = ends[i];
+    const long long fields = (long long)min(rows, status->lines) * CSV_WIDTH;
     const char *text = reinterpret_cast<const char *>(block);
-    double value;
-    const int kind = lab_parse_field(text + from, text + to, &value);
-    double *out = images + (long long)first_row * CSV_WIDTH + i;
-    if (kind == LAB_FIELD_OK) {
-        *out = value;
-    } else if (kind == LAB_FIELD_HOST) {
-        *out = __longlong_as_double(0x7ff8000000000000LL);  // NaN until the host's patch
-        const int slot = atomicAdd(&status->host_count, 1);
-        if (slot < CSV_HOST_SLOTS)
-            status->host[slot] = CsvHostField{row, field, from, to - from};
-        else
-            status->overflow = 1;
-    } else {
-        atomicMin(&status->bad_row, row);
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < fields; i += (long long)gridDim.x * blockDim.x) {
+        const int row = (int)(i / CSV_WIDTH), field = (int)(i % CSV_WIDTH);
+        const int2 span = spans[row];
+        if (ends[(long long)row * CSV_WIDTH + CSV_WIDTH - 1] < 0)  // a bad row, already reported
+            continue;
+        const int from = field == 0 ? span.x : ends[i - 1] + 1, to = ends[i];
+        double value;
+        const int kind = lab_parse_field(text + from, text + to, &value);
+        double *out = images + (long long)first_row * CSV_WIDTH + i;
+        if (kind == LAB_FIELD_OK) {
+            *out = value;
+        } else if (kind == LAB_FIELD_HOST) {
+            *out = __longlong_as_double(0x7ff8000000000000LL);  // NaN until the host's patch
+            const int slot = atomicAdd(&status->host_count, 1);
+            if (slot < CSV_HOST_SLOTS)
+                status->host[slot] = CsvHostField{row, field, from, to - from};
+            else
+                status->overflow = 1;
+        } else {
+            atomicMin(&status->bad_row, row);
+        }
     }
 }
 

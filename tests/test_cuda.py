@@ -167,8 +167,9 @@ def test_little_free_device_memory_gives_smaller_chunks_and_correct_results(rng:
 
 
 def test_a_failed_launch_is_one_line_and_leaves_no_output(tmp_path: Path, rng: np.random.Generator) -> None:
-    """The real CLI, with a kernel that faults (its images at an address nobody allocated) on the second batch."""
-    cnn_path, input_path = write_files(tmp_path, random_cnn(rng), random_values(rng, 9, 100, 100))
+    """The real CLI, with a kernel that faults (its images at an address nobody allocated) on the second batch (30 images
+    of text are two of the device's smallest text rooms)."""
+    cnn_path, input_path = write_files(tmp_path, random_cnn(rng), random_values(rng, 30, 100, 100))
     (tmp_path / "out.csv").write_text("old\n")
     script = (
         "import sys\n"

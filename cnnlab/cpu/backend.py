@@ -95,6 +95,10 @@ class CpuBackend(HostMemory):
         """None: the CPU has no device memory; a file's images are mapped (reads_in_place) or read into host buffers."""
         return None
 
+    def text_rooms(self, image_bytes: float) -> None:
+        """None: the CPU parses CSV itself, from a mapping of the file."""
+        return None
+
     def compute(self, batch: Batch, check_finite: bool = False) -> OutputBatch:
         """The batch's outputs; `check_finite`: an ArrayError where an image holds a NaN or an infinity."""
         assert isinstance(batch, ImageBatch)  # CSV text comes only to a backend with csv_text set, a DeviceBatch with a room

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from contextlib import contextmanager
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,7 @@ import numpy as np
 from cnnlab.arrays import DeviceArray, check_device_images, check_device_outputs, device_array, host_images
 from cnnlab.backend import DeviceBatch, TextBatching
 from cnnlab.cuda import gpus
+from cnnlab.cuda.csv_rooms import TEXT_ROOM_BYTES, CsvRooms, text_room_bytes
 from cnnlab.cuda.device_setup import DeviceSetup
 from cnnlab.cuda.driver import (
     DeviceAllocation,
@@ -40,7 +42,7 @@ from cnnlab.cuda.driver import (
     synchronize_stream,
     visible_count,
 )
-from cnnlab.cuda.file_copier import FileCopier, FileRoom
+from cnnlab.cuda.file_copier import FileCopier, FileRoom, Room
 from cnnlab.cuda.kernels import FindNonFinite, SumSegments
 from cnnlab.cuda.ladder import LaunchConfig, launcher
 from cnnlab.cuda.lanes import ChunkSource, CsvText, DeviceOutputs, HostImages, Lanes, ResidentImages
@@ -102,7 +104,7 @@ class CudaContext:
 
     def __init__(
         self, cnn: Cnn, batch_size: int | None = None, config: LaunchConfig | None = None, parse_csv: bool = True,
-        threads: int | None = None, device: int = 0, trace: Tracer = NO_TRACE,
+        threads: int | None = None, device: int = 0, trace: Tracer = NO_TRACE, copier_ahead: bool = False,
     ) -> None:
         """Start the driver, load the kernels, put the weights on GPU `device` and make the lanes.
 
@@ -110,7 +112,9 @@ class CudaContext:
         `parse_csv`: whether CSV text is parsed on the device (the command line's cuda mode); `threads`: the host
         threads that read the input and copy host arrays into page-locked memory (default: every core); `device`: which
         GPU, counted from 0 as nvidia-smi does; `trace`: what gets a span of each batch's work on each stream (--trace),
-        or of each chunk's copies, kernels and reduction (--trace-chunks).
+        or of each chunk's copies, kernels and reduction (--trace-chunks); `copier_ahead`: make the file copier (its
+        page-locked bounce buffers, ~50 ms) on a thread while the kernels load, for a run that reads a file into device
+        rooms (the command line's), rather than with the first room.
         """
         self.config = config or LaunchConfig()
         self._parse_csv = parse_csv  # CSV input parsed here on the device; False: by the host's reader
@@ -118,8 +122,10 @@ class CudaContext:
         self.threads = threads or default_threads()
         self._copier = HostCopier(self.threads)  # host arrays into page-locked staging, on the host threads
         self._file_copier: FileCopier | None = None  # a file's bytes into device rooms, made with the first room
+        self._copier_making: Future[FileCopier] | None = None  # or made ahead, on a thread (copier_ahead)
         self._text_batch = batch_size or DEFAULT_TEXT_BATCH_IMAGES
         self._room_images = batch_size or DEFAULT_ROOM_IMAGES
+        self._batch_asked = batch_size  # None: each kind of input takes the batch that suits it
         self.driver = driver = import_driver()
         self.memory = Allocator(driver)
         modules = ensure_modules()
@@ -133,6 +139,10 @@ class CudaContext:
             self._context = gpu.retain_primary_context()
             self._context.push()
         try:
+            if copier_ahead:
+                making = ThreadPoolExecutor(1, thread_name_prefix="cnnlab-copier")
+                self._copier_making = making.submit(self._make_copier)
+                making.shutdown(wait=False)
             self.device = gpu.name()
             with device_errors(f"cannot load {modules.cnn}"):
                 self._module = trace.per_chunk.launches(driver.module_from_file(str(modules.cnn)))
@@ -189,10 +199,39 @@ class CudaContext:
         with device_errors("cannot make room on the device for a batch of the file's images"):
             free = self.driver.mem_get_info()[0]
             capacity = max(1, min(count, self._room_images, int(free * ROOM_SHARE) // IMAGE_BYTES))
-            if self._file_copier is None:
-                self._file_copier = FileCopier(self.driver, self.memory, self._current, self.threads)
-            allocation = self.memory.device(capacity * IMAGE_BYTES)
-            return FileRoom(self._file_copier, allocation, capacity, self.driver, self._free_room)
+            copier = self._copier_for_rooms()
+            return FileRoom(copier, self.memory.device(capacity * IMAGE_BYTES), capacity, self.driver, self._free_room)
+
+    def text_rooms(self, image_bytes: float) -> CsvRooms | None:
+        """Device rooms for a regular CSV file's text, copied straight in by the context's copier and parsed there, for a
+        file of `image_bytes` of text an image: a fill is TEXT_ROOM_BYTES (the batch asked for, where one was), no more
+        than the rooms' ROOM_SHARE of the device's free memory allows; None where the host parses CSV (--host-parse)."""
+        if not self._parse_csv:
+            return None
+        wanted = TEXT_ROOM_BYTES if self._batch_asked is None else int(self._batch_asked * image_bytes * 1.05)
+        with device_errors("cannot make room on the device for the file's text"):
+            text_bytes = text_room_bytes(self.driver.mem_get_info()[0], ROOM_SHARE, wanted)
+            copier = self._copier_for_rooms()
+            return CsvRooms(self.driver, self.memory, copier, self._csv_module, text_bytes, self._current, self._free_text_rooms)
+
+    def _free_text_rooms(self, rooms: CsvRooms) -> None:
+        """Give text rooms back once what was queued on them is done; in a lost context nothing is freed (see close())."""
+        with device_errors("cannot free device memory"), self._current():
+            if not context_lost(self.driver):
+                rooms.synchronize()
+                rooms.close()
+
+    def _copier_for_rooms(self) -> FileCopier:
+        """The copier that fills device rooms from files, made with the first room: its threads and bounce buffers serve
+        every room."""
+        if self._file_copier is None:
+            making, self._copier_making = self._copier_making, None
+            self._file_copier = making.result() if making is not None else self._make_copier()
+        return self._file_copier
+
+    def _make_copier(self) -> FileCopier:
+        with self._current():
+            return FileCopier(self.driver, self.memory, self._current, self.threads)
 
     def _free_room(self, room: FileRoom) -> None:
         """Give a room's memory back once its last fill's copies have arrived (a batch filled but never computed may
@@ -221,7 +260,7 @@ class CudaContext:
             source = HostImages(batch.images, self.chunk_images, is_page_locked(batch.images), self._copier)
             return self._open_lanes.run(len(batch), source, check_finite=check_finite)
         if isinstance(batch, DeviceBatch):
-            assert isinstance(batch.room, FileRoom)  # a room of this context's
+            assert isinstance(batch.room, Room)  # a room of this context's: filled from a file, or parsed from its text
             resident = ResidentImages(int(batch.room.allocation), self.chunk_images, batch.room.ready)
             return self._open_lanes.run(len(batch), resident, check_finite=check_finite)
         text = self.csv_text
@@ -334,6 +373,10 @@ class CudaContext:
         In a lost context every free fails, so nothing is freed: the process's end takes it all.
         """
         self._copier.close()
+        if self._copier_making is not None:  # made ahead and never used: it goes as if used
+            with suppress(Exception):
+                self._file_copier = self._copier_making.result()
+            self._copier_making = None
         if self._file_copier is not None:
             self._file_copier.close()
         if self._context is None:

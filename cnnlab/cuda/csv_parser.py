@@ -1,7 +1,8 @@
 """The lab's input CSV parsed on the GPU (kernel/csv.cu): a block of text to rows of doubles, exactly.
 
-The host reads the file in blocks cut at line ends (after the first line, N), counts each block's
-non-blank lines on the CPU, copies the block to a device buffer and calls `CsvParser.parse`, which
+The host cuts the file into blocks at line ends (after the first line, N), counts each block's non-blank
+lines on the CPU where it reads them (a pipe's text) or leaves the count to the device (a regular file's
+ranges, copied straight to the device: csv_rooms.py), and calls `CsvParser.parse`, which
 launches csv.cu's kernels on the caller's stream: every value becomes the double float() gives for
 its text, written as row `first_row + r` of `images` (rows of 100 doubles, the layout conv2d_relu
 reads). The block's `CsvStatus` comes back with `fetch_status` and reads as a `BlockResult`:
@@ -40,6 +41,7 @@ PATCH_THREADS = 256
 HOST_SLOTS = 256  # HOST fields listed per block
 NO_BAD_ROW = 0x7FFFFFFF
 SEG_BYTES, SPAN_BYTES = 12, 8
+UNCOUNTED_GRID = 8192  # thread blocks of csv_split_rows and csv_parse_fields where the host has not counted the rows
 
 HOST_FIELD_DTYPE = np.dtype([("row", "<i4"), ("field", "<i4"), ("offset", "<i4"), ("length", "<i4")])
 STATUS_DTYPE = np.dtype(
@@ -94,6 +96,12 @@ def _round16(n: int) -> int:
     return -(-n // 16) * 16
 
 
+def _grid(blocks: int, counted: bool) -> int:
+    """The blocks to launch for a kernel that strides: all of them for a counted block, at most UNCOUNTED_GRID where the
+    rows are only a bound (most of a room's bound is never reached: a row of random values is ~10x the shortest)."""
+    return blocks if counted else min(blocks, UNCOUNTED_GRID)
+
+
 def _record(event: Any, stream: Any) -> None:
     if event is not None:
         event.record(stream)
@@ -134,27 +142,32 @@ class CsvParser:
         return function
 
     def parse(
-        self, stream: Any, block: Any, nbytes: int, images: Any, first_row: int, rows: int, status: Any, layout: Layout | None = None,
-        file_row: int = 0, marks: list[Any] | None = None,
+        self, stream: Any, block: Any, nbytes: int, images: Any, first_row: int, rows: int | None, status: Any,
+        layout: Layout | None = None, file_row: int = 0, marks: list[Any] | None = None,
     ) -> None:
         """Queue the parse of `nbytes` of text at `block` into rows first_row.. of `images`, status to `status`. Where
         `layout` is given, the rows must stand where its blank-line rule lets them (files/rows.py), the block's first
-        row being the file's row `file_row` (counted from its first image's first; a block starts where an image does).
+        row being the file's row `file_row` (counted from its first image's first; a block starts just after a row).
+        `rows`: the block's non-blank lines as the host counted them; None where it has not (a room of a file's text):
+        the device's count stands then, up to max_rows (more is a bad row), and `images` must hold that many after
+        first_row.
 
         `marks` (timing only): 4 events, recorded between the 5 kernels.
         """
+        counted = rows is not None
+        rows = self.max_rows if rows is None else rows
         if not 0 <= nbytes <= self.max_block_bytes or not 0 <= rows <= self.max_rows or int(block) % 16:
             raise ValueError(f"block of {nbytes} bytes, {rows} rows at {int(block):#x}: over the scratch's size or not 16-byte aligned")
         marks = list(marks or []) + [None] * 4
         self.tile_summaries(stream, block, nbytes)
         _record(marks[0], stream)
-        self.scan_tiles(stream, nbytes, rows, status)
+        self.scan_tiles(stream, nbytes, rows if counted else -rows, status)
         _record(marks[1], stream)
         self.index_rows(stream, block, nbytes, rows)
         _record(marks[2], stream)
-        self.split_rows(stream, block, nbytes, rows, status, layout, file_row)
+        self.split_rows(stream, block, nbytes, rows, status, layout, file_row, counted)
         _record(marks[3], stream)
-        self.parse_fields(stream, block, rows, first_row, images, status)
+        self.parse_fields(stream, block, rows, first_row, images, status, counted)
 
     # One launcher per kernel: the grid from the sizes, the launch (PyCUDA raises a failed launch at once).
 
@@ -163,6 +176,7 @@ class CsvParser:
             self._tile_summaries.prepared_async_call((tiles, 1), (TILE_THREADS, 1, 1), stream, block, np.int32(nbytes), self._tiles)
 
     def scan_tiles(self, stream: Any, nbytes: int, rows: int, status: Any) -> None:
+        """`rows` < 0: not counted by the host, any count up to -rows is good."""
         tiles = math.ceil(nbytes / TILE_BYTES)  # 0 for an empty block, which still gets its status
         self._scan_tiles.prepared_async_call((1, 1), (SCAN_THREADS, 1, 1), stream, self._tiles, np.int32(tiles), np.int32(rows), status)
 
@@ -172,15 +186,18 @@ class CsvParser:
                 (tiles, 1), (TILE_THREADS, 1, 1), stream, block, np.int32(nbytes), self._tiles, np.int32(rows), self._spans
             )
 
-    def split_rows(self, stream: Any, block: Any, nbytes: int, rows: int, status: Any, layout: Layout | None, file_row: int) -> None:
-        if blocks := math.ceil(rows / (SPLIT_THREADS // 32)):
+    def split_rows(
+        self, stream: Any, block: Any, nbytes: int, rows: int, status: Any, layout: Layout | None, file_row: int, counted: bool = True
+    ) -> None:
+        """`counted`: `rows` is the block's count, else only its bound (the kernel strides over the rows there are)."""
+        if blocks := _grid(math.ceil(rows / (SPLIT_THREADS // 32)), counted):
             rule = (np.int64(file_row), np.int32(layout.matrix_rows if layout else 0), np.int32(layout is not None and layout.separated))
             self._split_rows.prepared_async_call(
                 (blocks, 1), (SPLIT_THREADS, 1, 1), stream, block, np.int32(nbytes), self._spans, np.int32(rows), self._ends, status, *rule
             )
 
-    def parse_fields(self, stream: Any, block: Any, rows: int, first_row: int, images: Any, status: Any) -> None:
-        if blocks := math.ceil(rows * WIDTH / FIELD_THREADS):
+    def parse_fields(self, stream: Any, block: Any, rows: int, first_row: int, images: Any, status: Any, counted: bool = True) -> None:
+        if blocks := _grid(math.ceil(rows * WIDTH / FIELD_THREADS), counted):
             sizes = np.int32(rows), np.int32(first_row)
             self._parse_fields.prepared_async_call(
                 (blocks, 1), (FIELD_THREADS, 1, 1), stream, block, self._spans, self._ends, *sizes, images, status

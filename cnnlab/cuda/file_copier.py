@@ -21,9 +21,10 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -61,6 +62,20 @@ class _Copy:
     address: int
 
 
+class Copying:
+    """A copy under way (FileCopier.start): wait() ends it, once; stop() before it makes the threads take no more tasks
+    (the count then says nothing)."""
+
+    def __init__(self, finish: Callable[[], int], halt: threading.Event) -> None:
+        self._finish, self._halt = finish, halt
+
+    def stop(self) -> None:
+        self._halt.set()
+
+    def wait(self) -> int:
+        return self._finish()
+
+
 class FileCopier:
     """Copies byte ranges of files into device memory on `threads` threads (at most MAX_THREADS), with the context
     made current on each by `current`; its buffers are `memory`'s, given back when the context frees its memory. One
@@ -82,11 +97,16 @@ class FileCopier:
         for whatever reads the memory to wait for on the device. Where `stop` is set (a run ending) no more tasks are
         taken and the count says nothing: the caller, which set it, drops the room's batch; where a thread fails, its
         error is raised. On both ways out every copy queued has reached the device first."""
+        return self.start(fd, offset, nbytes, address, ready, stop).wait()
+
+    def start(self, fd: int, offset: int, nbytes: int, address: int, ready: Any, stop: threading.Event) -> Copying:
+        """Start a copy(): its threads read and copy while the caller does other work, and its Copying's wait() ends it
+        as copy() does. The copier starts the next copy only once this one's wait() has returned."""
         tasks = iter(range(0, nbytes, TASK_BYTES))
-        taking, failed = threading.Lock(), threading.Event()
+        taking, halt = threading.Lock(), threading.Event()  # halt: a thread failed, or Copying.stop()
 
         def next_task() -> Iterator[int]:
-            while not (stop.is_set() or failed.is_set()):
+            while not (stop.is_set() or halt.is_set()):
                 with taking:
                     at = next(tasks, None)
                 if at is None:
@@ -94,11 +114,19 @@ class FileCopier:
                 yield at
 
         copy = _Copy(fd, offset, nbytes, address)
-        with self._one_copy:
-            work = [self._pool.submit(self._drain, bouncer, next_task(), copy, failed) for bouncer in self._bouncers]
+        self._one_copy.acquire()
+        try:
+            work = [self._pool.submit(self._drain, bouncer, next_task(), copy, halt) for bouncer in self._bouncers]
+        except BaseException:
+            self._one_copy.release()
+            raise
+        return Copying(partial(self._finish, work, ready, stop, halt), halt)
+
+    def _finish(self, work: list[Future[int]], ready: Any, stop: threading.Event, halt: threading.Event) -> int:
+        try:
             wait(work)  # every thread done before any error is raised: none is still reading into its buffers
             with self._current(), device_errors("cannot copy the file's images to the device"):
-                if failed.is_set() or stop.is_set():  # nothing may still be copying into a room that is dropped
+                if halt.is_set() or stop.is_set():  # nothing may still be copying into a room that is dropped
                     for bouncer in self._bouncers:
                         bouncer.stream.synchronize()
                 else:
@@ -106,10 +134,12 @@ class FileCopier:
                         self._joined.wait_for_event(bouncer.queued)
                     ready.record(self._joined)
             return min(future.result() for future in work)  # where the file ended on a thread first, else nbytes
+        finally:
+            self._one_copy.release()
 
-    def _drain(self, bouncer: _Bouncer, tasks: Iterator[int], copy: _Copy, failed: threading.Event) -> int:
+    def _drain(self, bouncer: _Bouncer, tasks: Iterator[int], copy: _Copy, halt: threading.Event) -> int:
         """Take tasks until none are left or the file ends: where it ended (the offset of the first byte missing), else
-        `nbytes`. A failure sets `failed`, so that the others take no more."""
+        `nbytes`. A failure sets `halt`, so that the others take no more."""
         end = copy.nbytes
         with self._current(), device_errors("cannot copy the file's images to the device"):
             try:
@@ -127,7 +157,7 @@ class FileCopier:
                         break
                 bouncer.queued.record(bouncer.stream)
             except BaseException:
-                failed.set()
+                halt.set()
                 raise
         return end
 
@@ -136,21 +166,13 @@ class FileCopier:
         self._pool.shutdown()
 
 
-class FileRoom:
-    """Device memory for `capacity` images that the copier fills from a file: a backend.DeviceRoom of a CUDA context."""
+class Room:
+    """Device memory for `capacity` images that kernels read where they lie, with the event they wait for (`ready`: what
+    fills the room has reached the device)."""
 
-    def __init__(
-        self, copier: FileCopier, allocation: DeviceAllocation, capacity: int, driver: Driver, release: Callable[[FileRoom], None]
-    ) -> None:
-        """`release` gives the room's memory back (the context's, which knows whether it still can)."""
-        self._copier, self.allocation, self.capacity, self._driver, self._release = copier, allocation, capacity, driver, release
-        self.ready = driver.Event(driver.event_flags.DISABLE_TIMING)  # the last fill's copies are on the device
-
-    def fill(self, fd: int, offset: int, count: int, stop: threading.Event) -> int:
-        return self._copier.copy(fd, offset, count * IMAGE_BYTES, int(self.allocation), self.ready, stop)
-
-    def free(self) -> None:
-        self._release(self)
+    def __init__(self, allocation: DeviceAllocation, capacity: int, driver: Driver) -> None:
+        self.allocation, self.capacity, self._driver = allocation, capacity, driver
+        self.ready = driver.Event(driver.event_flags.DISABLE_TIMING)
 
     def host_copy(self, count: int) -> np.ndarray:
         """On the context's thread (it is current there)."""
@@ -159,3 +181,20 @@ class FileRoom:
             self.ready.synchronize()
             self._driver.memcpy_dtoh(images, self.allocation)
         return images
+
+
+class FileRoom(Room):
+    """A room the copier fills from a file: a backend.DeviceRoom of a CUDA context."""
+
+    def __init__(
+        self, copier: FileCopier, allocation: DeviceAllocation, capacity: int, driver: Driver, release: Callable[[FileRoom], None]
+    ) -> None:
+        """`release` gives the room's memory back (the context's, which knows whether it still can)."""
+        super().__init__(allocation, capacity, driver)
+        self._copier, self._release = copier, release
+
+    def fill(self, fd: int, offset: int, count: int, stop: threading.Event) -> int:
+        return self._copier.copy(fd, offset, count * IMAGE_BYTES, int(self.allocation), self.ready, stop)
+
+    def free(self) -> None:
+        self._release(self)

@@ -54,6 +54,10 @@ class Spread:
     def free_images(self, buffer: np.ndarray) -> None:
         self._owners[0].call(lambda backend: backend.free_images(buffer))
 
+    def text_rooms(self, image_bytes: float) -> None:
+        """None: a CSV file's text comes to several GPUs through the host's windows, a batch's pieces shared out."""
+        return None
+
     def device_room(self, count: int) -> SpreadRoom | None:
         """A room on every GPU (made at once, each on its thread), a share of each batch each, which the file's bytes
         are copied into one GPU's part after another; None where a GPU's backend has no rooms (stand-ins)."""

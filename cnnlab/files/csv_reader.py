@@ -18,7 +18,7 @@ from cnnlab.errors import InputFileError
 from cnnlab.extensions import note_missing
 from cnnlab.files.csv_batch import CsvBatch, announced, file_ends
 from cnnlab.files.inputs import open_for_reading
-from cnnlab.files.lines import MAX_LINE_BYTES, Span, SpanAhead, native, scan_rows
+from cnnlab.files.lines import MAX_LINE_BYTES, LineTooLong, Span, SpanAhead, native, scan_rows
 from cnnlab.files.mapped_text import MappedTextSource, text_source
 from cnnlab.files.rows import Layout, RowPlace, check_text, cut_row, parse_rows, shorten
 from cnnlab.files.text import READ_BYTES, TextMemory, TextSource
@@ -41,6 +41,10 @@ WALK_PART_BYTES = 1 << 20
 REPR_ROW_BYTES = INPUT_DIM * 25
 # The fewest bytes an image's text can take: 100 lines of 100 one-character values, 99 commas and a newline.
 MIN_IMAGE_BYTES = INPUT_DIM * (2 * INPUT_DIM)
+# The file's head read for where its images begin and its layout (text_start): the count line within the first
+# HEAD_BYTES, image 1's rows and image 2's first within the next 1 MiB, else up to MAX_HEAD_BYTES.
+HEAD_BYTES = 1 << 16
+MAX_HEAD_BYTES = 64 << 20
 
 
 class CsvImageReader:
@@ -61,7 +65,7 @@ class CsvImageReader:
 
         self.path = path
         self._trace = trace
-        threads = threads or default_threads()
+        self.threads = threads = threads or default_threads()
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="cnnlab-parse")
         self._taken: SpanAhead | None = None  # the next read_into()'s span, taken while this one's parses
         self._parsers = native.Pool(threads) if native is not None else None  # native threads: a piece hands off in microseconds
@@ -81,7 +85,7 @@ class CsvImageReader:
             # The first guess, no more than a row of repr's longest values: a file mostly past its N images (a line of
             # gigabytes, say) says little of them, and reading by its bytes per image would take them all at once.
             self._source.row_bytes = min(status.st_size / (self.count * INPUT_DIM), REPR_ROW_BYTES)
-            regular = stat.S_ISREG(status.st_mode)
+            self.regular = regular = stat.S_ISREG(status.st_mode)
             self.capacity = min(self.count, status.st_size // MIN_IMAGE_BYTES + 1) if regular else unsized_capacity(self.count)
         except BaseException:
             self.close()
@@ -93,6 +97,7 @@ class CsvImageReader:
         self._separated: bool | None = None  # whether blank lines stand between the images: known once image 2 is taken
         self.step = (STEP_IMAGES if native is not None else PARSE_IMAGES) * threads  # images per read_into() call
         self._walks = self._parsers is not None and isinstance(self._source, MappedTextSource)  # the parse finds its lines
+        self.read_elsewhere = False  # the images were read by a backend's device (csv_on_device.py), which checked the end
 
     def _read_count(self) -> int:
         first = self._source.take(1)
@@ -270,10 +275,43 @@ class CsvImageReader:
         unended = self._source.unended
         return unended[0] if unended is not None and cut_row(unended[1], INPUT_DIM) else None
 
+    def fileno(self) -> int:
+        return self._file.fileno()
+
+    def text_start(self) -> tuple[int, bool] | None:
+        """Where a regular file's images begin (the offset after the count line) and whether a blank line stands before
+        every image after the first (its layout), read from the file's head: for a backend that copies the text straight
+        to its device and parses it there. None where the head does not say (not a regular file, a line too long, fewer
+        than two images' rows): the file is then read as before, which names what is wrong."""
+        if not self.regular:
+            return None
+        fd = self.fileno()
+        head = os.pread(fd, HEAD_BYTES, 0)
+        ink = len(head) - len(head.lstrip(b" \t\r\v\f\n"))
+        start = head.find(b"\n", ink) + 1
+        if ink == len(head) or not start:
+            return None
+        if self.count < 2:
+            return start, False
+        nbytes = HEAD_BYTES << 4
+        while True:
+            text = np.frombuffer(os.pread(fd, nbytes, start), np.uint8)
+            try:
+                after_image_1, rows, _ = scan_rows(text, 0, INPUT_DIM)
+                if rows == INPUT_DIM and (row := scan_rows(text, after_image_1, 1))[1] == 1:
+                    return start, row[2] > 1  # lines walked to image 2's first row: blank ones first
+            except LineTooLong:
+                return None
+            if len(text) < nbytes or nbytes >= MAX_HEAD_BYTES:
+                return None
+            nbytes <<= 2
+
     def finish(self) -> None:
         """After all N images: an error where a line that follows them holds anything, as rows out of place or a
         count too small would leave there."""
         assert self._taken is None, "finish() before the images taken ahead were read"
+        if self.read_elsewhere:
+            return
         with self._source.whole():
             rows = self._source.take(1).rows
         if rows:
@@ -296,6 +334,20 @@ class CsvImageReader:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def first_error(path: str | os.PathLike, threads: int) -> InputFileError:
+    """The error the host's reader (cpu mode's) finds in the file as it is now: for a run whose device found something
+    amiss in the file's text (it names no line), or whose file ended or changed under it."""
+    try:
+        with CsvImageReader(path, threads) as reader:
+            out = np.empty((max(1, min(reader.step, reader.capacity)), INPUT_DIM, INPUT_DIM))
+            while reader.read_into(out):
+                pass
+            reader.finish()
+    except InputFileError as error:
+        return error
+    return InputFileError(path, "the file changed while it was read: run again")
 
 
 def _runs(pieces: list[Span]) -> tuple[tuple[int, int, int], ...]:

@@ -1,0 +1,136 @@
+"""A regular CSV file's text read straight into a backend's device memory and parsed there (cuda mode), its rooms
+(network.TextRooms) filled with ranges of the file that end just after a row, so that the host never holds the text
+nor counts its lines.
+
+A read hands over the images of one range: it queues that range's parse, fills a text room with the next range while
+the device parses, then waits for what the parse found. The device counts the rows; the reader keeps the tally (the
+file's row each range starts at, the rows of an image a range leaves unfinished, which the next parse takes first). The
+device names no line: where it finds anything amiss, or the file ends or changes under the run, the host's reader reads
+the file as cpu mode does, and its error is the run's.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+
+from cnnlab.errors import InputFileError
+from cnnlab.files.csv_reader import CsvImageReader, first_error
+from cnnlab.network import INPUT_DIM, RoomImages, TextRooms
+
+BLANK = b" \t\r\v\f"  # what a blank line holds besides its '\n' (Python's bytes.strip() and csv.cu agree)
+# The last range's bytes, about: the run ends once its parse, compute and write are done, after every fill, so it is
+# small (~170 images of random values; 1-2 ms where a room's ~2,800 took ~10 ms on the H100 machine).
+LAST_RANGE_BYTES = 32 << 20
+TAIL_BYTES = (1 << 20) + 1  # the bytes looked at for a range's last row end: a line is at most MAX_LINE_BYTES
+
+
+@dataclass(frozen=True)
+class TextRange:
+    """`nbytes` of the file from `offset`, filled into a text room."""
+
+    offset: int
+    nbytes: int
+
+
+class CsvOnDevice:
+    """The images of a regular CSV file, read and parsed in a backend's device rooms, a range at a time."""
+
+    def __init__(self, reader: CsvImageReader, rooms: TextRooms, start: int, separated: bool) -> None:
+        """`start`: the offset of the line after the count; `separated`: the file's layout (read from its head)."""
+        self._reader, self.rooms, self._separated = reader, rooms, separated
+        reader.read_elsewhere = True
+        self._image_bytes = os.fstat(reader.fileno()).st_size / reader.count
+        self._fd = reader.fileno()
+        self._size = os.fstat(self._fd).st_size
+        self._next = start  # the next range's first byte
+        self._filled: TextRange | None = None  # a range filled and not yet parsed
+        self._upcoming: TextRange | None = None  # the range after it, cut and not yet filled
+        self._started = False
+        self._rows = 0  # rows found so far, counted from the first image's first
+        self._carry = 0  # of those, the rows of an image not yet whole
+
+    @property
+    def images_a_fill(self) -> int:
+        """About how many images a fill takes, from the file's bytes an image."""
+        return max(1, min(self._reader.count, round(self.rooms.text_bytes / self._image_bytes)))
+
+    def read(self, stop: threading.Event) -> tuple[RoomImages, int] | None:
+        """The next whole images: their device room and their count; None when the file's N images were all read."""
+        if not self._started:
+            self._started = True
+            self._filled = self._fill(self._range(), stop)
+            self._upcoming = self._range()
+        while self._filled is not None and not stop.is_set():
+            parsing, coming = self._filled, self._upcoming
+            if coming is not None:  # copied in while this range parses
+                self.rooms.start_fill(self._fd, coming.offset, coming.nbytes, stop)
+            self.rooms.parse(parsing.nbytes, self._rows, self._carry, self._separated)
+            self._upcoming = self._range()  # the cut after it, found meanwhile
+            found = self.rooms.parsed(self._carry, self._reader.path)
+            self._filled = self._fill(coming, stop, started=True)
+            if found is None or self._rows + found[0] > self._reader.count * INPUT_DIM:  # a bad row, or rows past N images
+                raise self._error()
+            rows, room = found
+            images, self._carry = divmod(self._carry + rows, INPUT_DIM)
+            self._rows += rows
+            if images:
+                return room, images
+        if not stop.is_set() and self._rows < self._reader.count * INPUT_DIM:
+            raise self._error()  # the file ends before its N images
+        return None
+
+    def _range(self) -> TextRange | None:
+        """The next range: up to a text room's size, cut just after a row; None at the file's end."""
+        if self._next >= self._size:
+            return None
+        rest = self._size - self._next
+        if rest > self.rooms.text_bytes:
+            end = self._cut(self._next + self.rooms.text_bytes)
+        else:  # the file's rest fits a room: a small range of it last, where it is more than two such
+            end = self._size if rest <= 2 * LAST_RANGE_BYTES else self._cut(self._size - LAST_RANGE_BYTES)
+        taken, self._next = TextRange(self._next, end - self._next), end
+        return taken
+
+    def _fill(self, taken: TextRange | None, stop: threading.Event, started: bool = False) -> TextRange | None:
+        """`taken`, filled into a text room (whose fill was `started` already), or None where there is none."""
+        if taken is None:
+            return None
+        if not started:
+            self.rooms.start_fill(self._fd, taken.offset, taken.nbytes, stop)
+        if self.rooms.filled() < taken.nbytes and not stop.is_set():
+            raise self._error()  # the file was cut short under the run
+        return taken
+
+    def _cut(self, end: int) -> int:
+        """Where a range that may reach `end` ends: just after its last row's line end, so that blank lines after it go
+        with the next range (whose first row then has them before it, as the layout's rule asks); where it holds no
+        whole row, at its last line end, so that the next range starts with that blank line."""
+        start = max(self._next, end - TAIL_BYTES)
+        tail = os.pread(self._fd, end - start, start)
+        found = last_row_end(tail)
+        if found is None and start > self._next:  # no row ends in the tail: look through the whole range
+            start, tail = self._next, os.pread(self._fd, end - self._next, self._next)
+            found = last_row_end(tail)
+        if found is None:
+            found = tail.rfind(b"\n")
+        if start + found <= self._next:  # a line longer than a room: longer than any the host takes
+            raise self._error()
+        return start + found
+
+    def _error(self) -> InputFileError:
+        return first_error(self._reader.path, self._reader.threads)
+
+
+def last_row_end(text: bytes) -> int | None:
+    """The offset just after the last '\n' of `text` that ends a line holding more than blanks; None where none does."""
+    stop = len(text)
+    while ink := len(text[:stop].rstrip(BLANK + b"\n")):  # just past the last byte of ink before `stop`
+        after = text.find(b"\n", ink)
+        if after >= 0:
+            return after + 1
+        stop = text.rfind(b"\n", 0, ink)  # the last line is cut by the text's end: the lines before it
+        if stop < 0:
+            return None
+    return None

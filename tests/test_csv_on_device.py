@@ -1,0 +1,216 @@
+"""A regular CSV file's text read straight into a backend's device memory and parsed there (files/csv_on_device.py):
+the ranges it is cut into, the rows an image carries from one range to the next, the tally against N, and the error the
+host's reader gives where anything is amiss. In CI the rooms are host memory and the host's parser stands in for
+csv.cu's kernels; on a GPU, cuda mode on the same files against cpu mode.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import assert_one_line_error, assert_within_rule, cnnlab, cpu_outputs, random_cnn, why_no_gpu, write_files
+
+from cnnlab.backend import Batch, DeviceBatch, TextBatching
+from cnnlab.cpu.backend import CpuBackend
+from cnnlab.errors import InputFileError
+from cnnlab.files.csv_on_device import last_row_end
+from cnnlab.files.labcsv import format_rows
+from cnnlab.files.lines import Span
+from cnnlab.files.rows import Layout, RowPlace, parse_rows
+from cnnlab.generate import random_values
+from cnnlab.network import INPUT_DIM, Cnn, ImageBatch, OutputBatch
+from cnnlab.run import run_network
+
+GPU = pytest.mark.skipif(why_no_gpu() is not None, reason=str(why_no_gpu()))
+
+
+class HostImages:
+    """An image room's place taken by host memory."""
+
+    def __init__(self, rows: int) -> None:
+        self.values = np.full(rows * INPUT_DIM, np.pi)
+
+    def host_copy(self, count: int) -> np.ndarray:
+        return self.values[: count * INPUT_DIM * INPUT_DIM].reshape(count, INPUT_DIM, INPUT_DIM).copy()
+
+
+class HostTextRooms:
+    """Text rooms of host memory, filled by os.preadv and parsed by the host's parser, as a GPU's are by its copier and
+    csv.cu: it counts each range's rows itself, and says None for a range with a bad row."""
+
+    def __init__(self, text_bytes: int, cut: Path | None = None) -> None:
+        self.text_bytes, self._cut, self.fills, self.freed = text_bytes, cut, 0, False
+        self._texts = [np.zeros(text_bytes, np.uint8) for _ in range(2)]
+        self._images = [HostImages(text_bytes // 200 + 2 * INPUT_DIM) for _ in range(2)]
+        self._got = self._handed = self._parses = 0
+        self._carry_rows = np.empty(0)
+
+    def start_fill(self, fd: int, offset: int, nbytes: int, stop: threading.Event) -> None:
+        self.fills += 1
+        if self._cut is not None and self.fills == 3:  # another program cuts the file short under the run
+            os.truncate(self._cut, offset + nbytes // 2)
+        self._got = os.preadv(fd, [self._texts[(self.fills - 1) % 2][:nbytes].data], offset)
+
+    def filled(self) -> int:
+        return self._got
+
+    def parse(self, nbytes: int, file_row: int, carry: int, separated: bool) -> None:
+        self._parsing = (self._texts[self._parses % 2][:nbytes], file_row, Layout(INPUT_DIM, "image", separated=separated))
+        self._parses += 1
+
+    def parsed(self, carry: int, path: str | os.PathLike[str]) -> tuple[int, HostImages] | None:
+        text, file_row, layout = self._parsing
+        text = np.frombuffer(text.tobytes().removesuffix(b"\n") + b"\n", np.uint8)  # the file's last line may have no end
+        rows = sum(1 for line in text.tobytes().split(b"\n") if line.strip())
+        room = self._images[self._handed % 2]
+        room.values[: carry * INPUT_DIM] = self._carry_rows[: carry * INPUT_DIM]
+        try:
+            parse_rows(path, Span(text, 0, len(text), rows, 0), INPUT_DIM, room.values[carry * INPUT_DIM : (carry + rows) * INPUT_DIM],
+                       RowPlace(layout, file_row, 0))  # fmt: skip
+        except InputFileError:
+            return None
+        whole = (carry + rows) // INPUT_DIM
+        self._carry_rows = room.values[whole * INPUT_DIM * INPUT_DIM : (carry + rows) * INPUT_DIM].copy()
+        self._handed += whole > 0
+        return rows, room
+
+    def free(self) -> None:
+        self.freed = True
+
+
+class StandIn(CpuBackend):
+    """A backend that parses CSV on its "device": text rooms of host memory, whose images compute() takes."""
+
+    csv_text = TextBatching(16, 16)
+
+    def __init__(self, cnn: Cnn, text_bytes: int, cut: Path | None = None) -> None:
+        super().__init__(cnn, batch_size=16, threads=1)
+        self._text_bytes, self._cut = text_bytes, cut
+        self.rooms: list[HostTextRooms] = []
+
+    def text_rooms(self, image_bytes: float) -> HostTextRooms:  # type: ignore[override]
+        self.rooms.append(HostTextRooms(self._text_bytes, self._cut))
+        return self.rooms[-1]
+
+    def compute(self, batch: Batch, check_finite: bool = False) -> OutputBatch:
+        assert isinstance(batch, DeviceBatch) and isinstance(batch.room, HostImages)
+        return super().compute(ImageBatch(batch.room.host_copy(len(batch))), check_finite)
+
+
+def text_of(images: np.ndarray, separated: bool = True, line_end: str = "\n", last_line_end: bool = True) -> str:
+    text = f"{len(images)}\n" + ("\n" if separated else "").join(format_rows(image) for image in images)
+    text = text.replace("\n", line_end)
+    return text if last_line_end else text.rstrip("\r\n")
+
+
+def run_both(tmp_path: Path, cnn: Cnn, text: str, text_bytes: int) -> tuple[bytes | str, bytes | str, HostTextRooms]:
+    """The outputs (or the error) of cpu mode and of the stand-in on the same input file."""
+    (tmp_path / "in.csv").write_text(text)
+    results: list[bytes | str] = []
+    with StandIn(cnn, text_bytes) as device:
+        for backend in (CpuBackend(cnn, threads=1), device):
+            out = tmp_path / f"out-{len(results)}.csv"
+            try:
+                run_network(backend, tmp_path / "in.csv", out)
+                results.append(out.read_bytes())
+            except InputFileError as error:
+                results.append(str(error))
+                assert not out.exists()
+    return results[0], results[1], device.rooms[0]
+
+
+@pytest.mark.parametrize("text_bytes", [4096, 50_000, 300_000, 10 << 20])
+@pytest.mark.parametrize("separated, line_end, last_line_end", [(True, "\n", True), (False, "\r\n", False), (True, "\r\n", True)])
+def test_ranges_of_any_size_give_the_cpu_s_outputs(
+    tmp_path: Path, rng: np.random.Generator, text_bytes: int, separated: bool, line_end: str, last_line_end: bool
+) -> None:
+    """Ranges of a few rows (4 KB), of part of an image (50 KB: several ranges pass no whole image on), of about one,
+    and of the whole file: the images carried across ranges whole, in order, the same bytes as cpu mode's."""
+    cnn, images = random_cnn(rng), random_values(rng, 7, INPUT_DIM, INPUT_DIM)
+    want, got, rooms = run_both(tmp_path, cnn, text_of(images, separated, line_end, last_line_end), text_bytes)
+    assert isinstance(want, bytes) and got == want
+    assert rooms.freed and rooms.fills >= min(7, (7 * 190_000) // text_bytes)
+
+
+def test_blank_lines_at_a_range_s_end_go_with_the_next_row(tmp_path: Path, rng: np.random.Generator) -> None:
+    """Runs of blank lines, some longer than a range, between the images of a separated file: each image's first row
+    still has its blank line before it, so the layout's rule holds across the cuts."""
+    cnn, images = random_cnn(rng), random_values(rng, 4, INPUT_DIM, INPUT_DIM)
+    text = f"4\n\n\n{format_rows(images[0])}\n{format_rows(images[1])}" + " \n" * 3000 + "\n".join(map(format_rows, images[2:]))
+    want, got, _ = run_both(tmp_path, cnn, text, 4096)
+    assert isinstance(want, bytes) and got == want
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["a bad value", "a short row", "N too large", "N too small", "a blank line inside an image", "the last row cut short"],
+)
+def test_anything_amiss_is_the_error_cpu_mode_gives(tmp_path: Path, rng: np.random.Generator, damage: str) -> None:
+    cnn, images = random_cnn(rng), random_values(rng, 5, INPUT_DIM, INPUT_DIM)
+    text = text_of(images)
+    rows = text.split("\n")
+    if damage == "a bad value":
+        rows[350] = rows[350].replace(",", ",x", 1)
+    elif damage == "a short row":
+        rows[420] = rows[420].rsplit(",", 1)[0]
+    elif damage == "N too large":
+        rows[0] = "6"
+    elif damage == "N too small":
+        rows[0] = "4"
+    elif damage == "a blank line inside an image":
+        rows.insert(250, "")
+    else:
+        rows = rows[:-2] + [rows[-2][: len(rows[-2]) // 2]]
+    want, got, _ = run_both(tmp_path, cnn, "\n".join(rows), 60_000)
+    assert isinstance(want, str) and got == want
+
+
+def test_a_file_cut_short_under_a_run_is_the_error_of_the_file_as_it_is(tmp_path: Path, rng: np.random.Generator) -> None:
+    cnn, images = random_cnn(rng), random_values(rng, 6, INPUT_DIM, INPUT_DIM)
+    path = tmp_path / "in.csv"
+    path.write_text(text_of(images))
+    cut_at = r"file ends inside image [23] of the 6 the first line announces"
+    with StandIn(cnn, 200_000, cut=path) as device, pytest.raises(InputFileError, match=cut_at):
+        run_network(device, path, tmp_path / "out.csv")
+    assert not (tmp_path / "out.csv").exists() and device.rooms[0].freed
+
+
+@pytest.mark.parametrize(
+    "text, end",
+    [
+        (b"1,2\n3,4\n", 8),
+        (b"1,2\n3,4", 4),  # the last line is cut by the range's end
+        (b"1,2\n \t\n\n", 4),  # blank lines after the row go with the next range
+        (b"1,2\n\n3,", 4),
+        (b"\n\n \n", None),
+        (b"1,2", None),
+        (b"", None),
+    ],
+)
+def test_the_last_row_s_end(text: bytes, end: int | None) -> None:
+    assert last_row_end(text) == end
+
+
+@GPU
+@pytest.mark.parametrize("batch", [None, "3", "40"])
+def test_cuda_mode_on_csv_gives_cpu_mode_s_outputs(tmp_path: Path, rng: np.random.Generator, batch: str | None) -> None:
+    """The real command line: the text copied to the device in ranges (the smallest, 4 MiB, with --batch 3: images carried
+    across them), parsed there; the outputs pass the lab's comparison with cpu mode's, and a bad value deep in the file
+    is cpu mode's one-line error, with nothing written."""
+    cnn, images = random_cnn(rng), random_values(rng, 61, INPUT_DIM, INPUT_DIM)
+    cnn_path, input_path = write_files(tmp_path, cnn, images)
+    options = ["--batch", batch] if batch else []
+    result = cnnlab("cuda", cnn_path, input_path, tmp_path / "out.csv", *options)
+    assert result.returncode == 0, result.stderr
+    got = np.array([[float(value) for value in line.split(",")] for line in (tmp_path / "out.csv").read_text().splitlines()])
+    assert_within_rule(got, cpu_outputs(cnn, images), cnn, images)
+    lines = input_path.read_text().split("\n")
+    lines[5500] = lines[5500].replace(",", ",1e999,", 1)
+    input_path.write_text("\n".join(lines))
+    want = assert_one_line_error(cnnlab("cpu", cnn_path, input_path, tmp_path / "cpu.csv"))
+    assert assert_one_line_error(cnnlab("cuda", cnn_path, input_path, tmp_path / "bad.csv", *options)) == want
+    assert not (tmp_path / "bad.csv").exists()
