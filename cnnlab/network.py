@@ -267,12 +267,14 @@ class TextRooms(Protocol):
     text_bytes: int  # the most text a fill takes
 
     def start_fill(self, fd: int, offset: int, nbytes: int, stop: threading.Event) -> None:
-        """Start copying `nbytes` of the file `fd` from `offset` into the next text room, on threads of the backend's,
-        while the caller goes on; where `stop` is set (the run is ending) the copy stops early."""
+        """Start copying `nbytes` of the file `fd` from `offset` into the next text room (two fills may be under way, the
+        second's room one whose text parsed() has returned), on threads of the backend's, while the caller goes on;
+        where `stop` is set (the run is ending) the copy stops early."""
         ...
 
     def filled(self) -> int:
-        """Wait for the fill started last: the bytes copied, fewer where the file ends first (or where `stop` was set)."""
+        """Wait for the oldest fill not yet waited for: the bytes copied, fewer where the file ends first (or where `stop`
+        was set)."""
         ...
 
     def parse(self, nbytes: int, file_row: int, carry: int, separated: bool) -> None:

@@ -252,13 +252,13 @@ def _fill_room(reader: NpyImageReader, room: DeviceRoom, stop: threading.Event) 
     return DeviceBatch(room, count) if count else None
 
 
-def _csv_on_device(backend: Backend, reader: ImageReader) -> CsvOnDevice | None:
+def _csv_on_device(backend: Backend, reader: ImageReader, trace: Tracer) -> CsvOnDevice | None:
     """The reader of a regular CSV file's text into device rooms, where the backend has them (a GPU that parses CSV) and
     the file's head says where its images begin; else None."""
     if not isinstance(reader, CsvImageReader) or (start := reader.text_start()) is None:
         return None
     rooms = backend.text_rooms(os.fstat(reader.fileno()).st_size / reader.count)
-    return None if rooms is None else CsvOnDevice(reader, rooms, *start)
+    return None if rooms is None else CsvOnDevice(reader, rooms, *start, trace)
 
 
 def _parse_on_device(text: CsvOnDevice, slot: Any, stop: threading.Event) -> DeviceBatch | None:
@@ -320,7 +320,7 @@ def run_network(
         images: list[np.ndarray] = []  # else the host buffers the reader fills, where the images are read: freed too
         read: Callable[[Any, threading.Event], Batch | None]
         buffers: list[Any] = [None] * slots  # what the reader fills, a slot each; for some, only a turn
-        on_device = _csv_on_device(backend, reader) if text else None
+        on_device = _csv_on_device(backend, reader, trace) if text else None
         if on_device is not None:  # a regular CSV file, a backend with a device: its text goes straight to the device
             rooms.append(on_device.rooms)
             read, batch_size = partial(_parse_on_device, on_device), on_device.images_a_fill

@@ -46,17 +46,18 @@ class HostTextRooms:
         self.text_bytes, self._cut, self.fills, self.freed = text_bytes, cut, 0, False
         self._texts = [np.zeros(text_bytes, np.uint8) for _ in range(2)]
         self._images = [HostImages(text_bytes // 200 + 2 * INPUT_DIM) for _ in range(2)]
-        self._got = self._handed = self._parses = 0
+        self._got: list[int] = []  # each fill's count, until filled() takes it
+        self._handed = self._parses = 0
         self._carry_rows = np.empty(0)
 
     def start_fill(self, fd: int, offset: int, nbytes: int, stop: threading.Event) -> None:
         self.fills += 1
         if self._cut is not None and self.fills == 3:  # another program cuts the file short under the run
             os.truncate(self._cut, offset + nbytes // 2)
-        self._got = os.preadv(fd, [self._texts[(self.fills - 1) % 2][:nbytes].data], offset)
+        self._got.append(os.preadv(fd, [self._texts[(self.fills - 1) % 2][:nbytes].data], offset))
 
     def filled(self) -> int:
-        return self._got
+        return self._got.pop(0)
 
     def parse(self, nbytes: int, file_row: int, carry: int, separated: bool) -> None:
         self._parsing = (self._texts[self._parses % 2][:nbytes], file_row, Layout(INPUT_DIM, "image", separated=separated))
@@ -136,12 +137,17 @@ def test_ranges_of_any_size_give_the_cpu_s_outputs(
     assert rooms.freed and rooms.fills >= min(7, (7 * 190_000) // text_bytes)
 
 
-def test_blank_lines_at_a_range_s_end_go_with_the_next_row(tmp_path: Path, rng: np.random.Generator) -> None:
-    """Runs of blank lines, some longer than a range, between the images of a separated file: each image's first row
-    still has its blank line before it, so the layout's rule holds across the cuts."""
+@pytest.mark.parametrize("blank_lines, into_blanks", [(3000, None), (60_000, 100_000)])
+def test_blank_lines_at_a_range_s_end_go_with_the_next_row(
+    tmp_path: Path, rng: np.random.Generator, blank_lines: int, into_blanks: int | None
+) -> None:
+    """Runs of blank lines between the images of a separated file, longer than a range (4 KB), or a range that ends
+    100 KB into 120 KB of them (past the first tail looked at for its last row): each image's first row still has its
+    blank line before it, so the layout's rule holds across the cuts."""
     cnn, images = random_cnn(rng), random_values(rng, 4, INPUT_DIM, INPUT_DIM)
-    text = f"4\n\n\n{format_rows(images[0])}\n{format_rows(images[1])}" + " \n" * 3000 + "\n".join(map(format_rows, images[2:]))
-    want, got, _ = run_both(tmp_path, cnn, text, 4096)
+    head = f"4\n\n\n{format_rows(images[0])}\n{format_rows(images[1])}"
+    text = head + " \n" * blank_lines + "\n".join(map(format_rows, images[2:]))
+    want, got, _ = run_both(tmp_path, cnn, text, 4096 if into_blanks is None else len(head) - len("4\n") + into_blanks)
     assert isinstance(want, bytes) and got == want
 
 

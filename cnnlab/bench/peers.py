@@ -7,12 +7,12 @@ against the ladder, and PyTorch on the CPU against the cpu row; each configured 
   weights' rows permuted once so the conv's output needs no transpose;
 - that same function under `torch.compile(mode="max-autotune-no-cudagraphs")` ("compiled");
 - JAX `jit`, with x64 enabled, the conv as an einsum over the reshaped images;
-- and for the npy row, KvikIO's read of the .npy file into device memory (CuPy): what a user reaches for to bring a
-  file's bytes to the GPU, on as many threads as the host has cores (KVIKIO_NTHREADS; its 4 MiB tasks and page-locked
+- and for the npy and csv rows, KvikIO's read of the file into device memory (CuPy): what a user reaches for to bring
+  a file's bytes to the GPU, on as many threads as the host has cores (KVIKIO_NTHREADS; its 4 MiB tasks and page-locked
   bounce buffers where GPUDirect Storage is absent, its default).
 
 Run as `python -m cnnlab.bench.peers FRAMEWORK [--device cpu] [--threads T] --images N --repeats R [--seed S]` (kvikio:
-`--file F.npy` instead of the images):
+`--file F` too, the file of the N images it reads):
 one JSON object a line on stdout, a `PeerResult`. `cnnlab bench` runs each framework in a subprocess of its
 own (run_peers), so that neither JAX's nor PyTorch's allocator, compiler and thread pool share a process
 with PyCUDA, cnnlab's threads or each other, and a framework that is missing or fails is a skipped row
@@ -54,8 +54,9 @@ from cnnlab.network import (
     default_threads,
 )
 
-FRAMEWORKS = ("torch", "jax")  # the network's peers (KvikIO, "kvikio", is the npy row's: a read, not the network)
+FRAMEWORKS = ("torch", "jax")  # the network's peers (KvikIO, "kvikio", is the npy and csv rows': a read, not the network)
 CHECK_IMAGES = 256  # images whose outputs are compared with the CPU's
+CHECK_BYTES = 1 << 20  # bytes at each end of a file that KvikIO's read is compared with
 PEER_SECONDS = 420  # a framework's import, compiles and timing; past that it is reported as not run
 
 
@@ -161,23 +162,25 @@ def jax_peers(images: np.ndarray, cnn: Cnn, want: np.ndarray, repeats: int) -> l
     return [_result(f"jax {jax.__version__} jit (x64)", rates, np.asarray(outputs), want)]
 
 
-def kvikio_read(path: str, threads: int, repeats: int) -> list[PeerResult]:
-    """KvikIO's read of the .npy file at `path` into device memory, `threads` threads in its pool: images/s, median of
-    `repeats` after one warm-up; checked: the first and last images on the device are the file's bytes."""
+def kvikio_read(path: str, images: int, threads: int, repeats: int) -> list[PeerResult]:
+    """KvikIO's read of the file at `path` into device memory (a .npy file's images after its header, a CSV file's whole
+    text), `threads` threads in its pool: `images` images/s, median of `repeats` after one warm-up; checked: the first
+    and last MB on the device are the file's bytes."""
     os.environ["KVIKIO_NTHREADS"] = str(threads)  # read as KvikIO is imported
     import cupy
     import kvikio
 
-    on_disk = np.load(path, mmap_mode="r")
-    images = cupy.empty(on_disk.shape, on_disk.dtype)
+    offset = np.load(path, mmap_mode="r").offset if path.endswith(".npy") else 0
+    on_disk = np.memmap(path, np.uint8, "r", offset)
+    data = cupy.empty(len(on_disk), np.uint8)
     rates = []
     with kvikio.CuFile(path, "r") as file:
         for _ in range(repeats + 1):
             start = time.perf_counter()
-            file.pread(images, on_disk.nbytes, on_disk.offset).get()
-            rates.append(len(on_disk) / (time.perf_counter() - start))
-    ends = (slice(None, CHECK_IMAGES), slice(-CHECK_IMAGES, None))
-    same = all((cupy.asnumpy(images[end]).view(np.uint64) == on_disk[end].view(np.uint64)).all() for end in ends)
+            file.pread(data, len(on_disk), offset).get()
+            rates.append(images / (time.perf_counter() - start))
+    ends = (slice(None, CHECK_BYTES), slice(-CHECK_BYTES, None))
+    same = all((cupy.asnumpy(data[end]) == on_disk[end]).all() for end in ends)
     name = f"kvikio {kvikio.__version__}, the file read into device memory ({threads} threads)"
     rates = rates[1:]
     return [PeerResult(name, statistics.median(rates), min(rates), max(rates), "the file's bytes" if same else "NOT the file's bytes")]
@@ -227,12 +230,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--images", type=int, default=65536)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seed", type=int)
-    parser.add_argument("--file", help="kvikio: the .npy file it reads")
+    parser.add_argument("--file", help="kvikio: the file it reads (.npy or CSV), of --images images")
     args = parser.parse_args(argv)
     if args.framework == "kvikio" and args.file is None:
-        parser.error("kvikio reads a file: give --file F.npy")
+        parser.error("kvikio reads a file: give --file F.npy or --file F.csv")
     try:
-        results = kvikio_read(args.file, args.threads, args.repeats) if args.framework == "kvikio" else network_peers(args)
+        if args.framework == "kvikio":
+            results = kvikio_read(args.file, args.images, args.threads, args.repeats)
+        else:
+            results = network_peers(args)
     except ImportError as error:
         results = [PeerResult(args.framework, skipped=f"not installed ({error})")]
     for result in results:

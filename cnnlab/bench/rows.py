@@ -50,7 +50,7 @@ def run_bench(options: BenchOptions, seed: int | None = None) -> BenchReport:
     if "reader" in options.rows:
         parts.append(("reader", lambda: bench_reader(options, seed), ()))
     if "csv" in options.rows:
-        parts.append(("csv", lambda: bench_csv(cnn, options, seed), (CnnlabError,)))
+        parts.append(("csv", lambda: with_notes(bench_csv(cnn, options, seed)), (CnnlabError,)))
     if "startup" in options.rows:
 
         def measure_startup() -> list[Figure]:

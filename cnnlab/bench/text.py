@@ -123,11 +123,12 @@ def _polars_rate(path: os.PathLike, images: int, repeats: int) -> tuple[str, flo
     return polars.__version__, median_rate(images, read, repeats)
 
 
-def bench_csv(cnn: Cnn, options: BenchOptions, seed: int | None) -> list[Figure]:
-    """`cnnlab cuda` on a CSV file in the page cache, a whole run (the file opened, its page-locked windows made,
-    the read-compute-write loop, all freed; the command line's loop figure leaves out the windows), in images/s
-    and GB/s of text: parsed on the GPU and parsed on the host, against the two bounds of the GPU
-    path measured in the same run: reading the file into page-locked memory, and copying it to the device."""
+def bench_csv(cnn: Cnn, options: BenchOptions, seed: int | None) -> tuple[list[Figure], list[str]]:
+    """`cnnlab cuda` on a CSV file in the page cache, a whole run (the file opened, its text rooms made, the
+    read-compute-write loop, all freed), in images/s and GB/s of text: parsed on the GPU (the text copied straight to
+    the device, against the host-to-device copy, with KvikIO's read of the same file as the peer) and parsed on the host
+    (against reading the file into page-locked memory, which it does first), the bounds measured in the same run."""
+    from cnnlab.bench.peers import run_peers
     from cnnlab.cuda.context import CudaContext
     from cnnlab.generate import generate
     from cnnlab.run import run_network
@@ -142,14 +143,17 @@ def bench_csv(cnn: Cnn, options: BenchOptions, seed: int | None) -> list[Figure]
             with CudaContext(cnn, parse_csv=parse_csv) as context:
                 loop = partial(run_network, context, path, os.path.join(folder, "out.npy"))
                 rate = median_rate(options.csv_images, loop, repeats)
-                figures.append(Figure("csv", f"cnnlab cuda on CSV, parsed {where}: whole run", rate, "read", **text))
+                bound = "h2d-text" if parse_csv else "read"  # what the run's text goes through
+                figures.append(Figure("csv", f"cnnlab cuda on CSV, parsed {where}: whole run", rate, bound, **text))
                 if parse_csv:
                     read_rate, host_to_device = _text_bounds(context, path, threads, options.repeats)
+        peer, notes = run_peers(("kvikio",), "csv", "h2d-text", options.csv_images, options.repeats, None, file=str(path),
+                                bytes_per_image=text["bytes_per_image"], flops_per_image=None)  # fmt: skip
     per_image = text["bytes_per_image"]
-    return figures + [
+    return figures + peer + [
         Figure("csv", f"bound: file (page cache) to page-locked memory, {threads} reads", read_rate / per_image, key="read", **text),
         Figure("csv", "bound: host-to-device copy of the text", host_to_device / per_image, key="h2d-text", **text),
-    ]
+    ], notes
 
 
 def _text_bounds(context: Any, path: os.PathLike, threads: int, repeats: int) -> tuple[float, float]:

@@ -117,6 +117,7 @@ class CudaContext:
         rooms (the command line's), rather than with the first room.
         """
         self.config = config or LaunchConfig()
+        self._trace = trace
         self._parse_csv = parse_csv  # CSV input parsed here on the device; False: by the host's reader
         self.batch_size = batch_size or DEFAULT_BATCH_IMAGES
         self.threads = threads or default_threads()
@@ -210,9 +211,11 @@ class CudaContext:
             return None
         wanted = TEXT_ROOM_BYTES if self._batch_asked is None else int(self._batch_asked * image_bytes * 1.05)
         with device_errors("cannot make room on the device for the file's text"):
-            text_bytes = text_room_bytes(self.driver.mem_get_info()[0], ROOM_SHARE, wanted)
             copier = self._copier_for_rooms()
-            return CsvRooms(self.driver, self.memory, copier, self._csv_module, text_bytes, self._current, self._free_text_rooms)
+            text_bytes = text_room_bytes(self.driver.mem_get_info()[0], ROOM_SHARE, wanted, copier.round_bytes)
+            return CsvRooms(
+                self.driver, self.memory, copier, self._csv_module, text_bytes, self._current, self._free_text_rooms, self._trace
+            )
 
     def _free_text_rooms(self, rooms: CsvRooms) -> None:
         """Give text rooms back once what was queued on them is done; in a lost context nothing is freed (see close())."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+from collections import deque
 from collections.abc import Callable
 from contextlib import AbstractContextManager, suppress
 from typing import TYPE_CHECKING, Any
@@ -31,7 +32,7 @@ from cnnlab.cuda.file_copier import Copying, FileCopier, Room
 from cnnlab.errors import InputFileError
 from cnnlab.files.lines import Span
 from cnnlab.files.rows import Layout, RowPlace, parse_rows
-from cnnlab.network import IMAGE_BYTES, INPUT_DIM
+from cnnlab.network import IMAGE_BYTES, INPUT_DIM, NO_TRACE, Tracer
 
 if TYPE_CHECKING:
     from cnnlab.cuda.driver import Driver
@@ -60,12 +61,12 @@ class CsvRooms:
 
     def __init__(
         self, driver: Driver, memory: Allocator, copier: FileCopier, module: Any, text_bytes: int,
-        current: Callable[[], AbstractContextManager[None]], release: Callable[[CsvRooms], None],
+        current: Callable[[], AbstractContextManager[None]], release: Callable[[CsvRooms], None], trace: Tracer = NO_TRACE,
     ) -> None:
         """`current` makes the context current on the reader's thread; `release` gives the rooms' memory back (the
-        context's, which knows whether it still can)."""
+        context's, which knows whether it still can); `trace` gets a span of each parse on the rooms' stream."""
         self._driver, self._memory, self._copier, self._release = driver, memory, copier, release
-        self._current = current
+        self._current, self._trace = current, trace
         self.text_bytes = text_bytes
         rows = max_rows(text_bytes)
         no_timing = driver.event_flags.DISABLE_TIMING
@@ -82,7 +83,7 @@ class CsvRooms:
         self._stream = driver.Stream()
         self._status_ready = driver.Event(no_timing)
         self._fills = self._parses = 0
-        self._filling: Copying | None = None  # the fill started last, until filled() waits for it
+        self._filling: deque[Copying] = deque()  # the fills started and not yet waited for, oldest first
         self._handed = 0  # image rooms handed over with whole images: the next parse's is the other one
         self._parsing: tuple[int, int, Layout] = (0, 0, Layout(INPUT_DIM, "image"))  # the last parse's bytes, row, layout
         self._carry_at = 0  # where the last parse's unfinished image's rows start in its image room (device address)
@@ -92,19 +93,18 @@ class CsvRooms:
         return self.allocations[-1]
 
     def start_fill(self, fd: int, offset: int, nbytes: int, stop: threading.Event) -> None:
-        """Start copying `nbytes` of the file `fd` from `offset` into the next text room; filled() waits for it."""
+        """Start copying `nbytes` of the file `fd` from `offset` into the next text room, once its last text has been
+        parsed (at most two fills under way: the copier's threads go from one to the next); filled() waits for it."""
         side = self._fills % 2
         self._fills += 1
         with self._current(), device_errors("cannot copy the file's text to the device"):
             self._parsed[side].synchronize()  # the room's last text has been parsed
-        self._filling = self._copier.start(fd, offset, nbytes, int(self._texts[side]), self._filled[side], stop)
+        self._filling.append(self._copier.start(fd, offset, nbytes, int(self._texts[side]), self._filled[side], stop))
 
     def filled(self) -> int:
-        """Wait for the fill started last: the bytes copied, fewer where the file ends first (the copier's count: where
-        `stop` is set it says nothing)."""
-        filling, self._filling = self._filling, None
-        assert filling is not None, "filled() with no fill started"
-        return filling.wait()
+        """Wait for the oldest fill not yet waited for: the bytes copied, fewer where the file ends first (the copier's
+        count: where `stop` is set it says nothing)."""
+        return self._filling.popleft().wait()
 
     def parse(self, nbytes: int, file_row: int, carry: int, separated: bool) -> None:
         """Queue the parse of the oldest filled text room's first `nbytes` into the next image room, after `carry` rows
@@ -119,7 +119,8 @@ class CsvRooms:
             stream.wait_for_event(self._filled[side])
             if carry and self._carry_at != int(images.allocation):  # else the rows are where they go: no whole image before
                 self._driver.memcpy_dtod_async(images.allocation, self._carry_at, carry * ROW_BYTES, stream)
-            self._parser.parse(stream, self._texts[side], nbytes, images.allocation, carry, None, self._status, layout, file_row)
+            with self._trace.span("parse text", stream, bytes=nbytes):
+                self._parser.parse(stream, self._texts[side], nbytes, images.allocation, carry, None, self._status, layout, file_row)
             self._parsed[side].record(stream)
             self._parser.fetch_status(stream, self._host_status, self._status)
             self._status_ready.record(stream)
@@ -131,6 +132,7 @@ class CsvRooms:
         with self._current():
             with device_errors("cannot parse the file's text on the device"):
                 self._status_ready.synchronize()
+                self._trace.settle(self._stream)
             result = read_status(self._host_status)
             if result.bad_row is not None:
                 return None
@@ -185,8 +187,9 @@ class CsvRooms:
     def synchronize(self) -> None:
         """Wait for everything queued on the rooms (before their memory goes), a fill still under way stopped first
         (a run that ends early: its error, if any, is not the run's)."""
-        if self._filling is not None:
-            self._filling.stop()
+        for filling in self._filling:
+            filling.stop()
+        while self._filling:
             with suppress(Exception):
                 self.filled()
         with device_errors("cannot free device memory"):
@@ -206,10 +209,14 @@ class CsvRooms:
         self._status_ready = self._stream = None
 
 
-def text_room_bytes(free_bytes: int, share: float, wanted: int) -> int:
+def text_room_bytes(free_bytes: int, share: float, wanted: int, round_bytes: int) -> int:
     """The text room's bytes: `wanted`, fewer where the rooms would take more than `share` of `free_bytes`, never fewer
-    than MIN_TEXT_ROOM_BYTES."""
+    than MIN_TEXT_ROOM_BYTES; whole rounds of the copier's tasks (`round_bytes`: a task for each of its threads) where
+    it holds one, so that its threads end a fill together (512 MiB is 10.7 rounds of 12 threads: a third of them idle
+    through a fill's last task)."""
     text = min(wanted, TEXT_ROOM_BYTES)
     while text > MIN_TEXT_ROOM_BYTES and room_bytes(text) > free_bytes * share:
         text //= 2
+    if text >= round_bytes:
+        text -= text % round_bytes
     return max(MIN_TEXT_ROOM_BYTES, math.ceil(text / 16) * 16)

@@ -19,6 +19,7 @@ page-locked block, made with the copier: 128 MiB took 85-88 ms on an H200's host
 from __future__ import annotations
 
 import os
+import queue
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -38,18 +39,21 @@ if TYPE_CHECKING:
 
 TASK_BYTES = 4 << 20  # a thread's read and copy at a time (module docstring: the measured sizes)
 MAX_THREADS = 12  # on 16 cores: 12 threads 46.0-46.1 GB/s, 16 43.2-44.3, 8 39.2-41.5; each costs two bounce buffers
+IN_FLIGHT = 2  # copies under way at once: a thread done with one copy's tasks takes the next copy's at once
 
 
 class _Bouncer:
-    """One thread's share: two page-locked bounce buffers (`block`, halved), a stream, an event per buffer (its copy is
-    done), and one recorded after a copy's last task (what the room's `ready` event waits for)."""
+    """A thread's share while it drains a copy: two page-locked bounce buffers (`block`, halved), a stream, an event per
+    buffer (its copy is done), and an event for each of the two copies that may be under way, recorded after the
+    drain's last task (what the copy's `ready` event waits for)."""
 
     def __init__(self, driver: Driver, block: np.ndarray) -> None:
         self.buffers = [block[:TASK_BYTES], block[TASK_BYTES:]]
         self.stream = driver.Stream()
         no_timing = driver.event_flags.DISABLE_TIMING
         self.copied = [driver.Event(no_timing) for _ in range(2)]
-        self.queued = driver.Event(no_timing)
+        self.queued = [driver.Event(no_timing) for _ in range(IN_FLIGHT)]
+        self.drains = 0
 
 
 @dataclass(frozen=True)
@@ -89,7 +93,23 @@ class FileCopier:
         self._bouncers = [_Bouncer(driver, block[index * 2 * TASK_BYTES : (index + 1) * 2 * TASK_BYTES]) for index in range(count)]
         self._joined = driver.Stream()  # waits for every thread's last copy, then records a room's ready event
         self._pool = ThreadPoolExecutor(len(self._bouncers), thread_name_prefix="cnnlab-copy-in")
-        self._one_copy = threading.Lock()
+        self._free: queue.SimpleQueue[_Bouncer] = queue.SimpleQueue()  # bouncers no drain holds
+        for bouncer in self._bouncers:
+            self._free.put(bouncer)
+        self._under_way = threading.Semaphore(IN_FLIGHT)
+        self.round_bytes = len(self._bouncers) * TASK_BYTES  # a task for each thread
+        # Every thread started now, the context made current on it once: on the H100 machine the first copy otherwise
+        # spent ~7 ms of the loop starting them. All wait at the barrier, so that each task takes a thread of its own.
+        started = threading.Barrier(len(self._bouncers))
+        wait([self._pool.submit(self._start_thread, started) for _ in self._bouncers])
+
+    def _start_thread(self, started: threading.Barrier) -> None:
+        try:
+            with self._current():
+                started.wait()
+        except BaseException:
+            started.abort()  # the others wait no longer
+            raise
 
     def copy(self, fd: int, offset: int, nbytes: int, address: int, ready: Any, stop: threading.Event) -> int:
         """Copy `nbytes` of the file `fd` from `offset` to device address `address`: the bytes copied, fewer where the
@@ -114,33 +134,35 @@ class FileCopier:
                 yield at
 
         copy = _Copy(fd, offset, nbytes, address)
-        self._one_copy.acquire()
+        self._under_way.acquire()
         try:
-            work = [self._pool.submit(self._drain, bouncer, next_task(), copy, halt) for bouncer in self._bouncers]
+            work = [self._pool.submit(self._drain, next_task(), copy, halt) for _ in self._bouncers]
         except BaseException:
-            self._one_copy.release()
+            self._under_way.release()
             raise
         return Copying(partial(self._finish, work, ready, stop, halt), halt)
 
-    def _finish(self, work: list[Future[int]], ready: Any, stop: threading.Event, halt: threading.Event) -> int:
+    def _finish(self, work: list[Future[tuple[int, Any]]], ready: Any, stop: threading.Event, halt: threading.Event) -> int:
         try:
-            wait(work)  # every thread done before any error is raised: none is still reading into its buffers
+            wait(work)  # every drain done before any error is raised: none is still reading into its buffers
             with self._current(), device_errors("cannot copy the file's images to the device"):
                 if halt.is_set() or stop.is_set():  # nothing may still be copying into a room that is dropped
                     for bouncer in self._bouncers:
                         bouncer.stream.synchronize()
                 else:
-                    for bouncer in self._bouncers:
-                        self._joined.wait_for_event(bouncer.queued)
+                    for future in work:
+                        self._joined.wait_for_event(future.result()[1])
                     ready.record(self._joined)
-            return min(future.result() for future in work)  # where the file ended on a thread first, else nbytes
+            return min(future.result()[0] for future in work)  # where the file ended on a thread first, else nbytes
         finally:
-            self._one_copy.release()
+            self._under_way.release()
 
-    def _drain(self, bouncer: _Bouncer, tasks: Iterator[int], copy: _Copy, halt: threading.Event) -> int:
-        """Take tasks until none are left or the file ends: where it ended (the offset of the first byte missing), else
-        `nbytes`. A failure sets `halt`, so that the others take no more."""
+    def _drain(self, tasks: Iterator[int], copy: _Copy, halt: threading.Event) -> tuple[int, Any]:
+        """Take tasks, with a bouncer no other drain holds, until none are left or the file ends: where it ended (the
+        offset of the first byte missing), else `nbytes`, and the event recorded after the last task's copy. A failure
+        sets `halt`, so that the others take no more."""
         end = copy.nbytes
+        bouncer = self._free.get()
         with self._current(), device_errors("cannot copy the file's images to the device"):
             try:
                 for turn, at in enumerate(tasks):
@@ -155,11 +177,16 @@ class FileCopier:
                     if got < wanted:
                         end = at + got
                         break
-                bouncer.queued.record(bouncer.stream)
+                # Two copies under way alternate the events: a copy's is recorded again only once it has been waited for.
+                queued = bouncer.queued[bouncer.drains % IN_FLIGHT]
+                bouncer.drains += 1
+                queued.record(bouncer.stream)
             except BaseException:
                 halt.set()
                 raise
-        return end
+            finally:
+                self._free.put(bouncer)
+        return end, queued
 
     def close(self) -> None:
         """Stop the threads (the buffers go with the context's memory)."""

@@ -2,28 +2,33 @@
 (network.TextRooms) filled with ranges of the file that end just after a row, so that the host never holds the text
 nor counts its lines.
 
-A read hands over the images of one range: it queues that range's parse, fills a text room with the next range while
-the device parses, then waits for what the parse found. The device counts the rows; the reader keeps the tally (the
-file's row each range starts at, the rows of an image a range leaves unfinished, which the next parse takes first). The
-device names no line: where it finds anything amiss, or the file ends or changes under the run, the host's reader reads
-the file as cpu mode does, and its error is the run's.
+A read hands over the images of one range: it queues that range's parse while the next range fills, waits for what
+the parse found, starts the fill of the range after the next into the room just parsed (queued behind the next's, so
+that the copier's threads go from one fill to the other), and waits for the next range's fill. The device counts the
+rows; the reader keeps the tally (the file's row each range starts at, the rows of an image a range leaves unfinished,
+which the next parse takes first). The device names no line: where it finds anything amiss, or the file ends or
+changes under the run, the host's reader reads the file as cpu mode does, and its error is the run's.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from collections import deque
 from dataclasses import dataclass
 
 from cnnlab.errors import InputFileError
 from cnnlab.files.csv_reader import CsvImageReader, first_error
-from cnnlab.network import INPUT_DIM, RoomImages, TextRooms
+from cnnlab.network import INPUT_DIM, NO_TRACE, RoomImages, TextRooms, Tracer
 
 BLANK = b" \t\r\v\f"  # what a blank line holds besides its '\n' (Python's bytes.strip() and csv.cu agree)
 # The last range's bytes, about: the run ends once its parse, compute and write are done, after every fill, so it is
 # small (~170 images of random values; 1-2 ms where a room's ~2,800 took ~10 ms on the H100 machine).
 LAST_RANGE_BYTES = 32 << 20
-TAIL_BYTES = (1 << 20) + 1  # the bytes looked at for a range's last row end: a line is at most MAX_LINE_BYTES
+# The bytes looked at for a range's last row end: first a few rows' worth (the reader's thread holds the GIL while it
+# looks, which the copier's threads wait for), then a line's longest (MAX_LINE_BYTES), then the whole range.
+FIRST_TAIL_BYTES = 1 << 16
+TAIL_BYTES = (1 << 20) + 1
 
 
 @dataclass(frozen=True)
@@ -37,16 +42,17 @@ class TextRange:
 class CsvOnDevice:
     """The images of a regular CSV file, read and parsed in a backend's device rooms, a range at a time."""
 
-    def __init__(self, reader: CsvImageReader, rooms: TextRooms, start: int, separated: bool) -> None:
-        """`start`: the offset of the line after the count; `separated`: the file's layout (read from its head)."""
-        self._reader, self.rooms, self._separated = reader, rooms, separated
+    def __init__(self, reader: CsvImageReader, rooms: TextRooms, start: int, separated: bool, trace: Tracer = NO_TRACE) -> None:
+        """`start`: the offset of the line after the count; `separated`: the file's layout (read from its head); `trace`
+        gets a span of each wait for a fill and for a parse."""
+        self._reader, self.rooms, self._separated, self._trace = reader, rooms, separated, trace
         reader.read_elsewhere = True
         self._image_bytes = os.fstat(reader.fileno()).st_size / reader.count
         self._fd = reader.fileno()
         self._size = os.fstat(self._fd).st_size
         self._next = start  # the next range's first byte
         self._filled: TextRange | None = None  # a range filled and not yet parsed
-        self._upcoming: TextRange | None = None  # the range after it, cut and not yet filled
+        self._filling: deque[TextRange] = deque()  # ranges whose fills are under way, oldest first
         self._started = False
         self._rows = 0  # rows found so far, counted from the first image's first
         self._carry = 0  # of those, the rows of an image not yet whole
@@ -58,18 +64,18 @@ class CsvOnDevice:
 
     def read(self, stop: threading.Event) -> tuple[RoomImages, int] | None:
         """The next whole images: their device room and their count; None when the file's N images were all read."""
-        if not self._started:
+        if not self._started:  # both text rooms filled at once, the second's tasks taken as the first's run out
             self._started = True
-            self._filled = self._fill(self._range(), stop)
-            self._upcoming = self._range()
+            self._start_fill(stop)
+            self._start_fill(stop)
+            self._filled = self._fill(stop)
         while self._filled is not None and not stop.is_set():
-            parsing, coming = self._filled, self._upcoming
-            if coming is not None:  # copied in while this range parses
-                self.rooms.start_fill(self._fd, coming.offset, coming.nbytes, stop)
-            self.rooms.parse(parsing.nbytes, self._rows, self._carry, self._separated)
-            self._upcoming = self._range()  # the cut after it, found meanwhile
-            found = self.rooms.parsed(self._carry, self._reader.path)
-            self._filled = self._fill(coming, stop, started=True)
+            parsing = self._filled
+            self.rooms.parse(parsing.nbytes, self._rows, self._carry, self._separated)  # while the next range fills
+            with self._trace.span("wait for parse", bytes=parsing.nbytes):
+                found = self.rooms.parsed(self._carry, self._reader.path)
+            self._start_fill(stop)  # the range after the next, into this range's room, queued behind the next's fill
+            self._filled = self._fill(stop)
             if found is None or self._rows + found[0] > self._reader.count * INPUT_DIM:  # a bad row, or rows past N images
                 raise self._error()
             rows, room = found
@@ -80,6 +86,12 @@ class CsvOnDevice:
         if not stop.is_set() and self._rows < self._reader.count * INPUT_DIM:
             raise self._error()  # the file ends before its N images
         return None
+
+    def _start_fill(self, stop: threading.Event) -> None:
+        """Cut the next range and start its fill, where the file has one left."""
+        if (taken := self._range()) is not None:
+            self.rooms.start_fill(self._fd, taken.offset, taken.nbytes, stop)
+            self._filling.append(taken)
 
     def _range(self) -> TextRange | None:
         """The next range: up to a text room's size, cut just after a row; None at the file's end."""
@@ -93,13 +105,14 @@ class CsvOnDevice:
         taken, self._next = TextRange(self._next, end - self._next), end
         return taken
 
-    def _fill(self, taken: TextRange | None, stop: threading.Event, started: bool = False) -> TextRange | None:
-        """`taken`, filled into a text room (whose fill was `started` already), or None where there is none."""
-        if taken is None:
+    def _fill(self, stop: threading.Event) -> TextRange | None:
+        """The oldest range whose fill is under way, once filled; None where there is none."""
+        if not self._filling:
             return None
-        if not started:
-            self.rooms.start_fill(self._fd, taken.offset, taken.nbytes, stop)
-        if self.rooms.filled() < taken.nbytes and not stop.is_set():
+        taken = self._filling.popleft()
+        with self._trace.span("wait for fill", bytes=taken.nbytes):
+            got = self.rooms.filled()
+        if got < taken.nbytes and not stop.is_set():
             raise self._error()  # the file was cut short under the run
         return taken
 
@@ -107,12 +120,11 @@ class CsvOnDevice:
         """Where a range that may reach `end` ends: just after its last row's line end, so that blank lines after it go
         with the next range (whose first row then has them before it, as the layout's rule asks); where it holds no
         whole row, at its last line end, so that the next range starts with that blank line."""
-        start = max(self._next, end - TAIL_BYTES)
-        tail = os.pread(self._fd, end - start, start)
-        found = last_row_end(tail)
-        if found is None and start > self._next:  # no row ends in the tail: look through the whole range
-            start, tail = self._next, os.pread(self._fd, end - self._next, self._next)
-            found = last_row_end(tail)
+        for looked_at in (FIRST_TAIL_BYTES, TAIL_BYTES, end - self._next):  # no row ends in the tail: look further back
+            start = max(self._next, end - looked_at)
+            tail = os.pread(self._fd, end - start, start)
+            if (found := last_row_end(tail)) is not None or start == self._next:
+                break
         if found is None:
             found = tail.rfind(b"\n")
         if start + found <= self._next:  # a line longer than a room: longer than any the host takes
