@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from cnnlab.backend import Backend, Batch, DeviceBatch
-from cnnlab.errors import ArrayError, InputFileError
+from cnnlab.errors import ArrayError, DeviceError, InputFileError
 from cnnlab.files.csv_batch import CsvBatch
 from cnnlab.files.csv_on_device import CsvOnDevice
 from cnnlab.files.csv_reader import CsvImageReader
@@ -257,7 +257,10 @@ def _csv_on_device(backend: Backend, reader: ImageReader, trace: Tracer) -> CsvO
     the file's head says where its images begin; else None."""
     if not isinstance(reader, CsvImageReader) or (start := reader.text_start()) is None:
         return None
-    rooms = backend.text_rooms(os.fstat(reader.fileno()).st_size / reader.count)
+    try:
+        rooms = backend.text_rooms(os.fstat(reader.fileno()).st_size / reader.count)
+    except DeviceError:  # no room on the device for them: the text goes through the host's windows, as before
+        return None
     return None if rooms is None else CsvOnDevice(reader, rooms, *start, trace)
 
 
@@ -274,11 +277,12 @@ def _read_text(reader: CsvImageReader, images: int, chunk: int, slot: Any, stop:
 
 def make_backend(
     mode: str, cnn: Cnn, batch_size: int | None, host_parse: bool = False, kernel: str | None = None, threads: int | None = None,
-    gpus: list[int] | None = None, trace: Tracer = NO_TRACE,
+    gpus: list[int] | None = None, trace: Tracer = NO_TRACE, rooms_ahead: bool = False,
 ) -> Backend:
     """The backend for `mode` on `threads` host threads; the CUDA one, running rung `kernel` of the ladder on the GPUs
     `gpus` (default GPU 0; several: each batch spread over them), is imported only when asked for; its streams and
-    kernels tell `trace` their time."""
+    kernels tell `trace` their time; `rooms_ahead`: the input will be read into device rooms (a regular file), so the
+    copier that fills them is made while the kernels load."""
     if mode == "cpu":
         from cnnlab.cpu.backend import CpuBackend
 
@@ -289,7 +293,7 @@ def make_backend(
     gpus = gpus or [0]
     share = None if batch_size is None else max(1, -(-batch_size // len(gpus)))  # a batch's images over the GPUs
     config = LaunchConfig(kernel=kernel or DEFAULT_KERNEL)
-    make = partial(CudaContext, cnn, share, config, parse_csv=not host_parse, threads=threads, trace=trace, copier_ahead=True)
+    make = partial(CudaContext, cnn, share, config, parse_csv=not host_parse, threads=threads, trace=trace, copier_ahead=rooms_ahead)
     if len(gpus) == 1:
         return make(device=gpus[0])
     from cnnlab.cuda.spread import Spread

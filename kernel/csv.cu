@@ -50,9 +50,10 @@
 // Everything the host needs back is one CsvStatus per block (4112 bytes, copied D2H async):
 //   bad_row     the smallest bad row (block-relative non-blank line index), CSV_NO_BAD_ROW if none:
 //               a line with other than 100 fields, a byte that is not text (after the line's
-//               trailing '\r's are removed), a BAD field; or the first row past the shorter of the
-//               device's and the host's line counts when they differ. The host re-checks the
-//               block with its own line checker for the message.
+//               trailing '\r's are removed), a BAD field, a line (blank or not) longer than
+//               CSV_MAX_LINE_BYTES; or the first row past the shorter of the device's and the
+//               host's line counts when they differ. The host re-checks the block (or re-reads
+//               the file) with its own line checker for the message.
 //   lines       the non-blank lines the device found
 //   host_count  fields lab_parse_field could not prove (LAB_FIELD_HOST); the first CSV_HOST_SLOTS
 //               are listed in host[] as (row, field, offset, length), offsets within the block;
@@ -70,6 +71,7 @@
 #endif
 #define CSV_HOST_SLOTS 256                  // HOST fields listed per block
 #define CSV_NO_BAD_ROW 0x7fffffff
+#define CSV_MAX_LINE_BYTES (1 << 20)        // a longer line is bad, blank or not (files/lines.py's MAX_LINE_BYTES)
 #define CSV_TILE_THREADS 256                // csv_tile_summaries, csv_index_rows
 #define CSV_THREAD_BYTES 32                 // two 16-byte loads per thread
 #define CSV_TILE_BYTES (CSV_TILE_THREADS * CSV_THREAD_BYTES)
@@ -92,8 +94,9 @@ struct CsvStatus {
 };
 
 // The layout, read by cnnlab/cuda/csv_parser.py when it loads the module, so the two sides cannot disagree.
-extern "C" __constant__ int csv_layout[6] = {(int)sizeof(CsvStatus), CSV_HOST_SLOTS, CSV_WIDTH,
-                                             CSV_TILE_BYTES, (int)sizeof(int2), 12 /* sizeof(Seg) */};
+extern "C" __constant__ int csv_layout[7] = {(int)sizeof(CsvStatus), CSV_HOST_SLOTS, CSV_WIDTH,
+                                             CSV_TILE_BYTES, (int)sizeof(int2), 12 /* sizeof(Seg) */,
+                                             CSV_MAX_LINE_BYTES};
 
 // ---------------------------------------------------------------------------------------------
 // The segment summary and its operator
@@ -287,11 +290,13 @@ csv_scan_tiles(Seg *__restrict__ tiles, int count, int rows, CsvStatus *__restri
 
 // csv_index_rows: block b rescans tile b, starting from its prefix tiles[b]; the thread holding
 // the '\n' that ends non-blank line `row` writes spans[row] = (first byte, '\n' offset) for
-// row < rows (the host's count: a block whose counts differ is already bad). Grid and block as
-// csv_tile_summaries.
+// row < rows (the host's count: a block whose counts differ is already bad). A line longer than
+// CSV_MAX_LINE_BYTES (its '\n' not counted), blank or not, makes the row it is or comes before bad,
+// as the host refuses it (a block copied straight from a file was never read by the host). Grid and
+// block as csv_tile_summaries.
 extern "C" __global__ void __launch_bounds__(CSV_TILE_THREADS)
 csv_index_rows(const unsigned char *__restrict__ block, int nbytes, const Seg *__restrict__ tiles, int rows,
-               int2 *__restrict__ spans)
+               int2 *__restrict__ spans, CsvStatus *__restrict__ status)
 {
     const int p0 = blockIdx.x * CSV_TILE_BYTES + threadIdx.x * CSV_THREAD_BYTES;
     const Chunk c = load_chunk(block, p0, nbytes);
@@ -301,6 +306,8 @@ csv_index_rows(const unsigned char *__restrict__ block, int nbytes, const Seg *_
     bool ink = seg_open_ink(before);
     for (unsigned rest = c.newlines; rest; rest &= rest - 1) {
         const int b = __ffs(rest) - 1;
+        if (p0 + b - start > CSV_MAX_LINE_BYTES)
+            atomicMin(&status->bad_row, row);
         if (ink || (c.ink & low_bits(b) & ~low_bits(previous + 1))) {
             if (row < rows)
                 spans[row] = make_int2(start, p0 + b);
@@ -311,7 +318,10 @@ csv_index_rows(const unsigned char *__restrict__ block, int nbytes, const Seg *_
         previous = b;
     }
     ink = ink || (c.ink & ~low_bits(previous + 1));
-    if (ink && p0 < nbytes && nbytes <= p0 + CSV_THREAD_BYTES && row < rows)  // the last line, without '\n'
+    const bool last = p0 < nbytes && nbytes <= p0 + CSV_THREAD_BYTES;  // this thread holds the block's last byte
+    if (last && nbytes - start > CSV_MAX_LINE_BYTES)  // the last line, without '\n'
+        atomicMin(&status->bad_row, row);
+    if (ink && last && row < rows)
         spans[row] = make_int2(start, nbytes);
 }
 

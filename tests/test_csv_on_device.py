@@ -19,7 +19,7 @@ from cnnlab.cpu.backend import CpuBackend
 from cnnlab.errors import InputFileError
 from cnnlab.files.csv_on_device import last_row_end
 from cnnlab.files.labcsv import format_rows
-from cnnlab.files.lines import Span
+from cnnlab.files.lines import MAX_LINE_BYTES, Span
 from cnnlab.files.rows import Layout, RowPlace, parse_rows
 from cnnlab.generate import random_values
 from cnnlab.network import INPUT_DIM, Cnn, ImageBatch, OutputBatch
@@ -66,7 +66,10 @@ class HostTextRooms:
     def parsed(self, carry: int, path: str | os.PathLike[str]) -> tuple[int, HostImages] | None:
         text, file_row, layout = self._parsing
         text = np.frombuffer(text.tobytes().removesuffix(b"\n") + b"\n", np.uint8)  # the file's last line may have no end
-        rows = sum(1 for line in text.tobytes().split(b"\n") if line.strip())
+        lines = text.tobytes().split(b"\n")
+        if max(map(len, lines)) > MAX_LINE_BYTES:  # as csv.cu refuses a line the host would
+            return None
+        rows = sum(1 for line in lines if line.strip())
         room = self._images[self._handed % 2]
         room.values[: carry * INPUT_DIM] = self._carry_rows[: carry * INPUT_DIM]
         try:
@@ -175,6 +178,21 @@ def test_anything_amiss_is_the_error_cpu_mode_gives(tmp_path: Path, rng: np.rand
     assert isinstance(want, str) and got == want
 
 
+@pytest.mark.parametrize("text_bytes", [60_000, 10 << 20])
+@pytest.mark.parametrize("where", ["a blank line between images", "a row's trailing blanks"])
+def test_a_line_longer_than_the_host_takes_is_its_error(tmp_path: Path, rng: np.random.Generator, text_bytes: int, where: str) -> None:
+    """A line of more than MAX_LINE_BYTES, blank or not: in a range (the device refuses it) or longer than one (the cut
+    finds no line end): cpu mode's error, which names the line."""
+    cnn, images = random_cnn(rng), random_values(rng, 3, INPUT_DIM, INPUT_DIM)
+    rows = text_of(images).split("\n")
+    if where == "a blank line between images":
+        rows[202] = " " * (2 * MAX_LINE_BYTES)  # between images 2 and 3: past the head read for the layout
+    else:
+        rows[250] += " " * (2 * MAX_LINE_BYTES)
+    want, got, _ = run_both(tmp_path, cnn, "\n".join(rows), text_bytes)
+    assert isinstance(want, str) and "longer than" in want and got == want
+
+
 def test_a_file_cut_short_under_a_run_is_the_error_of_the_file_as_it_is(tmp_path: Path, rng: np.random.Generator) -> None:
     cnn, images = random_cnn(rng), random_values(rng, 6, INPUT_DIM, INPUT_DIM)
     path = tmp_path / "in.csv"
@@ -220,3 +238,9 @@ def test_cuda_mode_on_csv_gives_cpu_mode_s_outputs(tmp_path: Path, rng: np.rando
     want = assert_one_line_error(cnnlab("cpu", cnn_path, input_path, tmp_path / "cpu.csv"))
     assert assert_one_line_error(cnnlab("cuda", cnn_path, input_path, tmp_path / "bad.csv", *options)) == want
     assert not (tmp_path / "bad.csv").exists()
+    lines[5500] = lines[5500].replace(",1e999,", ",", 1)
+    lines[101 * 40] = " " * (2 * MAX_LINE_BYTES)  # a blank line before image 41 that the host refuses as too long
+    input_path.write_text("\n".join(lines))
+    want = assert_one_line_error(cnnlab("cpu", cnn_path, input_path, tmp_path / "cpu.csv"))
+    assert "longer than" in want
+    assert assert_one_line_error(cnnlab("cuda", cnn_path, input_path, tmp_path / "bad.csv", *options)) == want

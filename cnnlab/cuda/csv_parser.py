@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from cnnlab.files.lines import MAX_LINE_BYTES
 from cnnlab.files.rows import Layout
 
 WIDTH = 100  # values per line; csv.cu's CSV_WIDTH
@@ -114,9 +115,9 @@ class CsvParser:
         import pycuda.driver as driver
 
         self._driver = driver
-        layout = np.empty(6, np.int32)
+        layout = np.empty(7, np.int32)
         driver.memcpy_dtoh(layout, module.get_global("csv_layout")[0])
-        expected = [STATUS_DTYPE.itemsize, HOST_SLOTS, WIDTH, TILE_BYTES, SPAN_BYTES, SEG_BYTES]
+        expected = [STATUS_DTYPE.itemsize, HOST_SLOTS, WIDTH, TILE_BYTES, SPAN_BYTES, SEG_BYTES, MAX_LINE_BYTES]
         if layout.tolist() != expected:
             raise ValueError(f"csv.cu's layout {layout.tolist()} is not csv_parser.py's {expected}: rebuild the module")
         self.max_block_bytes, self.max_rows = max_block_bytes, max_rows
@@ -127,7 +128,7 @@ class CsvParser:
         self._ends = self._spans + max_rows * SPAN_BYTES
         self._tile_summaries = self._prepare(module, "csv_tile_summaries", "PiP")
         self._scan_tiles = self._prepare(module, "csv_scan_tiles", "PiiP")
-        self._index_rows = self._prepare(module, "csv_index_rows", "PiPiP")
+        self._index_rows = self._prepare(module, "csv_index_rows", "PiPiPP")
         self._split_rows = self._prepare(module, "csv_split_rows", "PiPiPPqii")
         self._parse_fields = self._prepare(module, "csv_parse_fields", "PPPiiPP")
         self._patch_fields = self._prepare(module, "csv_patch_fields", "PiPPi")
@@ -163,7 +164,7 @@ class CsvParser:
         _record(marks[0], stream)
         self.scan_tiles(stream, nbytes, rows if counted else -rows, status)
         _record(marks[1], stream)
-        self.index_rows(stream, block, nbytes, rows)
+        self.index_rows(stream, block, nbytes, rows, status)
         _record(marks[2], stream)
         self.split_rows(stream, block, nbytes, rows, status, layout, file_row, counted)
         _record(marks[3], stream)
@@ -180,10 +181,10 @@ class CsvParser:
         tiles = math.ceil(nbytes / TILE_BYTES)  # 0 for an empty block, which still gets its status
         self._scan_tiles.prepared_async_call((1, 1), (SCAN_THREADS, 1, 1), stream, self._tiles, np.int32(tiles), np.int32(rows), status)
 
-    def index_rows(self, stream: Any, block: Any, nbytes: int, rows: int) -> None:
+    def index_rows(self, stream: Any, block: Any, nbytes: int, rows: int, status: Any) -> None:
         if tiles := math.ceil(nbytes / TILE_BYTES):
             self._index_rows.prepared_async_call(
-                (tiles, 1), (TILE_THREADS, 1, 1), stream, block, np.int32(nbytes), self._tiles, np.int32(rows), self._spans
+                (tiles, 1), (TILE_THREADS, 1, 1), stream, block, np.int32(nbytes), self._tiles, np.int32(rows), self._spans, status
             )
 
     def split_rows(

@@ -70,18 +70,23 @@ class CsvRooms:
         self.text_bytes = text_bytes
         rows = max_rows(text_bytes)
         no_timing = driver.event_flags.DISABLE_TIMING
-        self.allocations: list[Any] = []
-        self._texts = [self._device(text_bytes) for _ in range(2)]
         self._filled = [driver.Event(no_timing) for _ in range(2)]  # the text room's copies are on the device
         self._parsed = [driver.Event(no_timing) for _ in range(2)]  # its parse has read it: it may be filled again
         for event in self._parsed:
             event.record()
-        self.images = [Room(self._device((rows + INPUT_DIM) * ROW_BYTES), rows // INPUT_DIM + 1, driver) for _ in range(2)]
-        self._status = self._device(STATUS_DTYPE.itemsize)
-        self._host_status = memory.host(1, STATUS_DTYPE)
-        self._parser = CsvParser(module, self._device(scratch_bytes(text_bytes, rows)), text_bytes, rows)
         self._stream = driver.Stream()
         self._status_ready = driver.Event(no_timing)
+        self.allocations: list[Any] = []
+        try:
+            self._texts = [self._device(text_bytes) for _ in range(2)]
+            self.images = [Room(self._device((rows + INPUT_DIM) * ROW_BYTES), rows // INPUT_DIM + 1, driver) for _ in range(2)]
+            self._status = self._device(STATUS_DTYPE.itemsize)
+            self._parser = CsvParser(module, self._device(scratch_bytes(text_bytes, rows)), text_bytes, rows)
+            self._host_status = memory.host(1, STATUS_DTYPE)
+        except BaseException:  # what was made goes back: the run may go on without rooms
+            for allocation in self.allocations:
+                memory.free(allocation)
+            raise
         self._fills = self._parses = 0
         self._filling: deque[Copying] = deque()  # the fills started and not yet waited for, oldest first
         self._handed = 0  # image rooms handed over with whole images: the next parse's is the other one

@@ -44,8 +44,8 @@ IN_FLIGHT = 2  # copies under way at once: a thread done with one copy's tasks t
 
 class _Bouncer:
     """A thread's share while it drains a copy: two page-locked bounce buffers (`block`, halved), a stream, an event per
-    buffer (its copy is done), and an event for each of the two copies that may be under way, recorded after the
-    drain's last task (what the copy's `ready` event waits for)."""
+    buffer (its copy is done), and IN_FLIGHT events that its drains take in turn, each recorded after a drain's last
+    task (what the copy's `ready` event waits for)."""
 
     def __init__(self, driver: Driver, block: np.ndarray) -> None:
         self.buffers = [block[:TASK_BYTES], block[TASK_BYTES:]]
@@ -135,9 +135,13 @@ class FileCopier:
 
         copy = _Copy(fd, offset, nbytes, address)
         self._under_way.acquire()
+        work: list[Future[tuple[int, Any]]] = []
         try:
-            work = [self._pool.submit(self._drain, next_task(), copy, halt) for _ in self._bouncers]
-        except BaseException:
+            for _ in self._bouncers:
+                work.append(self._pool.submit(self._drain, next_task(), copy, halt))
+        except BaseException:  # the pool refused (shut down): those submitted end before the copy is given up
+            halt.set()
+            wait(work)
             self._under_way.release()
             raise
         return Copying(partial(self._finish, work, ready, stop, halt), halt)
@@ -162,9 +166,9 @@ class FileCopier:
         offset of the first byte missing), else `nbytes`, and the event recorded after the last task's copy. A failure
         sets `halt`, so that the others take no more."""
         end = copy.nbytes
-        bouncer = self._free.get()
-        with self._current(), device_errors("cannot copy the file's images to the device"):
-            try:
+        bouncer = self._free.get()  # never waits: a drain a thread, and a bouncer a thread
+        try:
+            with self._current(), device_errors("cannot copy the file's images to the device"):
                 for turn, at in enumerate(tasks):
                     side = turn % 2
                     buffer = bouncer.buffers[side]
@@ -177,15 +181,17 @@ class FileCopier:
                     if got < wanted:
                         end = at + got
                         break
-                # Two copies under way alternate the events: a copy's is recorded again only once it has been waited for.
+                # The bouncer's drains take its events in turn. Where one is recorded again before the copy that took
+                # it is waited for (a bouncer can serve two drains of one copy), the wait is only for more of the same
+                # stream's work: a copy's ready event can come later, never sooner.
                 queued = bouncer.queued[bouncer.drains % IN_FLIGHT]
                 bouncer.drains += 1
                 queued.record(bouncer.stream)
-            except BaseException:
-                halt.set()
-                raise
-            finally:
-                self._free.put(bouncer)
+        except BaseException:
+            halt.set()
+            raise
+        finally:
+            self._free.put(bouncer)
         return end, queued
 
     def close(self) -> None:

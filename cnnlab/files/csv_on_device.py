@@ -74,17 +74,17 @@ class CsvOnDevice:
             self.rooms.parse(parsing.nbytes, self._rows, self._carry, self._separated)  # while the next range fills
             with self._trace.span("wait for parse", bytes=parsing.nbytes):
                 found = self.rooms.parsed(self._carry, self._reader.path)
+            if found is None or self._rows + found[0] > self._reader.count * INPUT_DIM:  # a bad row, or rows past N images
+                raise self._error(stop)  # (a fill under way is stopped as the rooms are freed)
             self._start_fill(stop)  # the range after the next, into this range's room, queued behind the next's fill
             self._filled = self._fill(stop)
-            if found is None or self._rows + found[0] > self._reader.count * INPUT_DIM:  # a bad row, or rows past N images
-                raise self._error()
             rows, room = found
             images, self._carry = divmod(self._carry + rows, INPUT_DIM)
             self._rows += rows
             if images:
                 return room, images
         if not stop.is_set() and self._rows < self._reader.count * INPUT_DIM:
-            raise self._error()  # the file ends before its N images
+            raise self._error(stop)  # the file ends before its N images
         return None
 
     def _start_fill(self, stop: threading.Event) -> None:
@@ -113,7 +113,7 @@ class CsvOnDevice:
         with self._trace.span("wait for fill", bytes=taken.nbytes):
             got = self.rooms.filled()
         if got < taken.nbytes and not stop.is_set():
-            raise self._error()  # the file was cut short under the run
+            raise self._error(stop)  # the file was cut short under the run
         return taken
 
     def _cut(self, end: int) -> int:
@@ -131,8 +131,8 @@ class CsvOnDevice:
             raise self._error()
         return start + found
 
-    def _error(self) -> InputFileError:
-        return first_error(self._reader.path, self._reader.threads)
+    def _error(self, stop: threading.Event | None = None) -> InputFileError:
+        return first_error(self._reader.path, self._reader.threads, stop)
 
 
 def last_row_end(text: bytes) -> int | None:

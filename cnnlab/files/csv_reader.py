@@ -283,9 +283,9 @@ class CsvImageReader:
         every image after the first (its layout), read from the file's head: for a backend that copies the text straight
         to its device and parses it there. None where the head does not say (not a regular file, a line too long, fewer
         than two images' rows): the file is then read as before, which names what is wrong."""
-        if not self.regular:
-            return None
         fd = self.fileno()
+        if not self.regular or not os.fstat(fd).st_size:  # a size of 0 may not be the file's (procfs): read it as before
+            return None
         head = os.pread(fd, HEAD_BYTES, 0)
         ink = len(head) - len(head.lstrip(b" \t\r\v\f\n"))
         start = head.find(b"\n", ink) + 1
@@ -336,15 +336,17 @@ class CsvImageReader:
         self.close()
 
 
-def first_error(path: str | os.PathLike, threads: int) -> InputFileError:
+def first_error(path: str | os.PathLike, threads: int, stop: threading.Event | None = None) -> InputFileError:
     """The error the host's reader (cpu mode's) finds in the file as it is now: for a run whose device found something
-    amiss in the file's text (it names no line), or whose file ended or changed under it."""
+    amiss in the file's text (it names no line), or whose file ended or changed under it. Where `stop` is set (the run
+    is ending, a signal say) it reads no further: what it returns then is never shown."""
     try:
         with CsvImageReader(path, threads) as reader:
             out = np.empty((max(1, min(reader.step, reader.capacity)), INPUT_DIM, INPUT_DIM))
-            while reader.read_into(out):
+            while not (stop is not None and stop.is_set()) and reader.read_into(out):
                 pass
-            reader.finish()
+            if stop is None or not stop.is_set():
+                reader.finish()
     except InputFileError as error:
         return error
     return InputFileError(path, "the file changed while it was read: run again")
