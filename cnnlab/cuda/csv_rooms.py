@@ -4,14 +4,15 @@ The reader (files/csv_on_device.py) cuts the file into ranges that end just afte
 fills a text room with a range, as it fills a .npy file's image rooms: no host buffer holds the text, and the host never
 counts its lines. csv.cu's kernels parse the room on a stream of their own, counting its rows themselves, into an image
 room, after the rows of an image the range before left unfinished (the carry, copied from that image room's end); the
-lanes then compute the image room's whole images where they lie (a DeviceBatch). Two text rooms, so that one fills while
-the other parses, and two image rooms, so that one is parsed into while the other's images are computed (a range that ends before
-its unfinished image does is parsed into the same image room as the next).
+lanes then compute the image room's whole images where they lie (a DeviceBatch). Two text rooms, so that one fills
+while the other parses, and two image rooms, so that one is parsed into while the other's images are computed (a range
+that ends before its unfinished image does is parsed into the same image room as the next).
 
-Napkin math: a range is TEXT_ROOM_BYTES of text, ~2,800 images of random values (~190 KB each), 11.7 ms on the bus
-at 46 GB/s. The kernels parse ~220 GB/s of text on one stream (csv.cu's header: 32 MB blocks), 2.4 ms a room, while
-the copier fills the next. The rooms are sized for the shortest rows (MIN_ROW_BYTES): an image room holds
-TEXT_ROOM_BYTES / 200 rows of 800 bytes, 4x the text, and the parser's scratch 408 bytes a row, 2x.
+Napkin math: a range is up to TEXT_ROOM_BYTES of text (480 MiB with 12 copier threads: whole rounds of their tasks),
+~2,700 images of random values (~190 KB each), 10.9 ms at the copier's 46 GB/s. The kernels parse ~220 GB/s of text on
+one stream (217 GB/s in a trace on the H100 machine), 2.3 ms a range, while the copier fills the next. The rooms are
+sized for the shortest rows (MIN_ROW_BYTES): an image room holds TEXT_ROOM_BYTES / 200 rows of 800 bytes, 4x the text,
+and the parser's scratch 408 bytes a row, 2x.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def max_rows(text_bytes: int) -> int:
 
 class CsvRooms:
     """A CUDA context's text and image rooms for one run's CSV file, and the parser that turns one into the other: a
-    backend.TextRooms. Made and freed on the context's thread; fill() is called on the run's reader thread."""
+    backend.TextRooms. Made and freed on the context's thread; the run's reader thread fills and parses them."""
 
     def __init__(
         self, driver: Driver, memory: Allocator, copier: FileCopier, module: Any, text_bytes: int,
