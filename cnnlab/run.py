@@ -258,7 +258,7 @@ def _csv_on_device(backend: Backend, reader: ImageReader, trace: Tracer) -> CsvO
     if not isinstance(reader, CsvImageReader) or (start := reader.text_start()) is None:
         return None
     try:
-        rooms = backend.text_rooms(os.fstat(reader.fileno()).st_size / reader.count)
+        rooms = backend.text_rooms(reader.size / reader.count)
     except DeviceError:  # no room on the device for them: the text goes through the host's windows, as before
         return None
     return None if rooms is None else CsvOnDevice(reader, rooms, *start, trace)

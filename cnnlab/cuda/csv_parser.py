@@ -24,6 +24,7 @@ staging buffer for patches is made once).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,11 +82,17 @@ def read_status(status: np.ndarray) -> BlockResult:
 def host_values(text: bytes | memoryview | np.ndarray, result: BlockResult) -> np.ndarray:
     """float() of each listed HOST field of the block `text` (the host's copy of the block)."""
     data = (text.data if isinstance(text, np.ndarray) else memoryview(text)).cast("B")
-    fields = result.host_fields
-    return np.array(
-        [float(bytes(data[offset : offset + length])) for offset, length in zip(fields["offset"].tolist(), fields["length"].tolist())],
-        dtype=np.float64,
-    )
+    return field_values(bytes(data[offset : offset + length]) for offset, length in host_spans(result))
+
+
+def host_spans(result: BlockResult) -> list[tuple[int, int]]:
+    """(offset, length) in the block of each listed HOST field."""
+    return list(zip(result.host_fields["offset"].tolist(), result.host_fields["length"].tolist()))
+
+
+def field_values(fields: Iterable[bytes]) -> np.ndarray:
+    """float() of each field's text: the values the device left to the host."""
+    return np.array([float(field) for field in fields], dtype=np.float64)
 
 
 def scratch_bytes(max_block_bytes: int, max_rows: int) -> int:

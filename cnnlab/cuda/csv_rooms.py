@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from cnnlab.cuda.csv_parser import STATUS_DTYPE, BlockResult, CsvParser, read_status, scratch_bytes
+from cnnlab.cuda.csv_parser import STATUS_DTYPE, BlockResult, CsvParser, field_values, host_spans, read_status, scratch_bytes
 from cnnlab.cuda.driver import device_errors
 from cnnlab.cuda.file_copier import Copying, FileCopier, Room
 from cnnlab.errors import InputFileError
@@ -147,7 +147,7 @@ class CsvRooms:
                 if (rows := self._host_parse(path, result.lines)) is None:
                     return None
             else:
-                values = np.array([float(field) for field in self._field_text(result)], np.float64)
+                values = field_values(self._field_text(result))
             images = self.images[self._handed % 2]
             with device_errors("cannot write the host's values to the device"):
                 if rows is not None:  # from pageable memory: a copy that returns once it is done
@@ -166,7 +166,7 @@ class CsvRooms:
         text = int(self._texts[(self._parses - 1) % 2])
         fields = []
         with device_errors("cannot copy text back from the device"):
-            for offset, length in zip(result.host_fields["offset"].tolist(), result.host_fields["length"].tolist()):
+            for offset, length in host_spans(result):
                 field = np.empty(length, np.uint8)
                 self._driver.memcpy_dtoh(field, text + offset)
                 fields.append(field.tobytes())

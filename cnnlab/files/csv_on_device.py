@@ -47,9 +47,7 @@ class CsvOnDevice:
         gets a span of each wait for a fill and for a parse."""
         self._reader, self.rooms, self._separated, self._trace = reader, rooms, separated, trace
         reader.read_elsewhere = True
-        self._image_bytes = os.fstat(reader.fileno()).st_size / reader.count
-        self._fd = reader.fileno()
-        self._size = os.fstat(self._fd).st_size
+        self._fd, self._size = reader.fileno(), reader.size
         self._next = start  # the next range's first byte
         self._filled: TextRange | None = None  # a range filled and not yet parsed
         self._filling: deque[TextRange] = deque()  # ranges whose fills are under way, oldest first
@@ -60,7 +58,7 @@ class CsvOnDevice:
     @property
     def images_a_fill(self) -> int:
         """About how many images a fill takes, from the file's bytes an image."""
-        return max(1, min(self._reader.count, round(self.rooms.text_bytes / self._image_bytes)))
+        return max(1, min(self._reader.count, round(self.rooms.text_bytes * self._reader.count / self._size)))
 
     def read(self, stop: threading.Event) -> tuple[RoomImages, int] | None:
         """The next whole images: their device room and their count; None when the file's N images were all read."""

@@ -82,6 +82,7 @@ class CsvImageReader:
             with self._source.whole():
                 self.count = self._read_count()
             status = os.fstat(self._file.fileno())
+            self.size = status.st_size  # the file's bytes when opened
             # The first guess, no more than a row of repr's longest values: a file mostly past its N images (a line of
             # gigabytes, say) says little of them, and reading by its bytes per image would take them all at once.
             self._source.row_bytes = min(status.st_size / (self.count * INPUT_DIM), REPR_ROW_BYTES)
@@ -187,7 +188,7 @@ class CsvImageReader:
         first, self._images_taken = self._images_taken, self._images_taken + images
         if self._separated is None and first * INPUT_DIM + span.rows > INPUT_DIM:
             after_image_1 = scan_rows(span.data, span.start, INPUT_DIM)[0] if first == 0 else span.start
-            self._separated = scan_rows(span.data, after_image_1, 1)[2] > 1  # lines walked to the next row: blank ones first
+            self._separated = bool(blank_before_row(span.data, after_image_1))
         return span
 
     def _place(self, span: Span, rows_before: int = 0) -> RowPlace:
@@ -284,10 +285,10 @@ class CsvImageReader:
         to its device and parses it there. None where the head does not say (not a regular file, a line too long, fewer
         than two images' rows): the file is then read as before, which names what is wrong."""
         fd = self.fileno()
-        if not self.regular or not os.fstat(fd).st_size:  # a size of 0 may not be the file's (procfs): read it as before
+        if not self.regular or not self.size:  # a size of 0 may not be the file's (procfs): read it as before
             return None
         head = os.pread(fd, HEAD_BYTES, 0)
-        ink = len(head) - len(head.lstrip(b" \t\r\v\f\n"))
+        ink = len(head) - len(head.lstrip())  # bytes.strip()'s blanks are the format's, '\n' with them
         start = head.find(b"\n", ink) + 1
         if ink == len(head) or not start:
             return None
@@ -298,8 +299,8 @@ class CsvImageReader:
             text = np.frombuffer(os.pread(fd, nbytes, start), np.uint8)
             try:
                 after_image_1, rows, _ = scan_rows(text, 0, INPUT_DIM)
-                if rows == INPUT_DIM and (row := scan_rows(text, after_image_1, 1))[1] == 1:
-                    return start, row[2] > 1  # lines walked to image 2's first row: blank ones first
+                if rows == INPUT_DIM and (separated := blank_before_row(text, after_image_1)) is not None:
+                    return start, separated
             except LineTooLong:
                 return None
             if len(text) < nbytes or nbytes >= MAX_HEAD_BYTES:
@@ -334,6 +335,13 @@ class CsvImageReader:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def blank_before_row(data: np.ndarray, at: int) -> bool | None:
+    """Whether blank lines stand between `at` and the next row (lines walked to it: blank ones first), which, after image
+    1, is the file's layout; None where no whole row follows."""
+    _, rows, lines = scan_rows(data, at, 1)
+    return lines > 1 if rows else None
 
 
 def first_error(path: str | os.PathLike, threads: int, stop: threading.Event | None = None) -> InputFileError:
