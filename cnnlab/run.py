@@ -373,14 +373,27 @@ def run_network(
                         images_done += len(outputs)
                         progress.update(images_done)
             loop_seconds = time.perf_counter() - loop_start
-        finally:
+        except BaseException:
             progress.finish()
-            for each in rooms:  # the reader has stopped: no copy is filling them
-                each.free()
-            for buffer in images:
-                backend.free_images(buffer)
+            _give_back(backend, rooms, images, failing=True)
+            raise
+        progress.finish()
+        _give_back(backend, rooms, images, failing=False)
         reader.finish()
     return RunStats(reader.count, work_seconds, loop_seconds, batch_size, startup_seconds)
+
+
+def _give_back(backend: Backend, rooms: list[DeviceRoom | TextRooms], images: list[np.ndarray], failing: bool) -> None:
+    """Free a run's device rooms and host buffers (its reader has stopped: nothing fills them). Where the run is failing,
+    a free that fails too is passed over, so that the run's own error is the one told (the backend's close, or the
+    process's end, takes what is left)."""
+    frees: list[Callable[[], None]] = [*(each.free for each in rooms), *(partial(backend.free_images, buffer) for buffer in images)]
+    for free in frees:
+        try:
+            free()
+        except Exception:
+            if not failing:
+                raise
 
 
 def _non_finite_image(input_path: str | os.PathLike, batch: Batch, first_image: int) -> InputFileError:

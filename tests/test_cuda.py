@@ -306,3 +306,26 @@ def test_every_malformed_input_gets_the_host_parsers_message_from_the_device_par
         messages.append(captured.err)
     assert messages[0] == messages[1] == messages[2]
     assert not (tmp_path / "out.csv").exists()
+
+
+def test_a_compute_that_fails_midway_returns_with_no_copy_still_running(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compute() that fails with chunks queued (here the hand-over of the first chunk's partials) returns only once
+    every lane's stream is idle: no copy still reads the caller's page-locked images when the caller frees them (a
+    failure on one GPU of several ends the run, and the first GPU frees the buffers every GPU copies from)."""
+    from cnnlab.cuda.lanes import HostOutputs
+
+    def failing(self: HostOutputs, lane: object, index: int, count: int) -> None:
+        raise RuntimeError("the hand-over failed")
+
+    cnn = random_cnn(rng)
+    with context(cnn, 2048) as gpu:
+        images = gpu.allocate_images(2048)
+        images[:] = random_values(rng, 2048, 100, 100)
+        monkeypatch.setattr(HostOutputs, "take", failing)
+        with pytest.raises(RuntimeError, match="hand-over"):
+            gpu.compute(ImageBatch(images))
+        lanes = gpu._open_lanes.lanes
+        assert len(lanes) > 1 and all(lane.stream.is_done() for lane in lanes)
+        monkeypatch.undo()
+        assert_within_rule(gpu.compute(ImageBatch(images)).values, cpu_outputs(cnn, images), cnn, images)
+        gpu.free_images(images)

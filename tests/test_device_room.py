@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from functools import partial
 from pathlib import Path
 
@@ -110,6 +111,60 @@ def test_rooms_made_before_one_that_cannot_be_are_freed(tmp_path: Path, rng: np.
         run_network(spread, path, tmp_path / "out.npy")
     rooms = [room for backend in spread._backends for room in backend.rooms]  # type: ignore[attr-defined]
     assert len(rooms) == gpus * rooms_made + gpus - 1 and all(room.freed for room in rooms)
+    assert not (tmp_path / "out.npy").exists()
+
+
+class Interrupting(StandIn):
+    """A GPU whose first room is made as a signal reaches the main thread (a simulated SIGINT), while another GPU is
+    still making its own."""
+
+    def device_room(self, count: int) -> HostRoom:  # type: ignore[override]
+        import _thread
+
+        _thread.interrupt_main()
+        return super().device_room(count)
+
+
+class Slow(StandIn):
+    def device_room(self, count: int) -> HostRoom:  # type: ignore[override]
+        time.sleep(0.2)
+        return super().device_room(count)
+
+
+def test_a_signal_while_the_gpus_make_their_rooms_frees_every_room_made(tmp_path: Path, rng: np.random.Generator) -> None:
+    """Ctrl-C while several GPUs make their rooms: the run ends in the signal's exception, once every GPU's room is made
+    and freed (none is left to the context's close)."""
+    cnn, path = random_cnn(rng), save(tmp_path / "in.npy", random_values(rng, 40, INPUT_DIM, INPUT_DIM))
+    with Spread([partial(Interrupting, cnn), partial(Slow, cnn)]) as spread, pytest.raises(KeyboardInterrupt):
+        run_network(spread, path, tmp_path / "out.npy")
+    rooms = [room for backend in spread._backends for room in backend.rooms]  # type: ignore[attr-defined]
+    assert len(rooms) == 2 and all(room.freed for room in rooms)
+    assert not (tmp_path / "out.npy").exists()
+
+
+class FailingFree(StandIn):
+    """A GPU that cannot give its rooms back (its context lost, say)."""
+
+    def device_room(self, count: int) -> HostRoom:  # type: ignore[override]
+        room = super().device_room(count)
+        room.free = self._fail  # type: ignore[method-assign]
+        return room
+
+    def _fail(self) -> None:
+        raise DeviceError("cannot free device memory: an illegal memory access was encountered")
+
+
+def test_a_free_that_fails_after_the_run_failed_leaves_the_run_s_own_error(tmp_path: Path, rng: np.random.Generator) -> None:
+    """A run that fails (a NaN in the file) and whose rooms then cannot be freed ends in its own error, the one the
+    user needs; a run that succeeds and cannot free them ends in that error."""
+    cnn, images = random_cnn(rng), random_values(rng, 40, INPUT_DIM, INPUT_DIM)
+    path = save(tmp_path / "in.npy", images)
+    with FailingFree(cnn) as backend, pytest.raises(DeviceError, match="cannot free"):
+        run_network(backend, path, tmp_path / "out.npy")
+    images[30, 5, 5] = np.nan
+    save(path, images)
+    with FailingFree(cnn) as backend, pytest.raises(InputFileError, match="image 31 holds nan"):
+        run_network(backend, path, tmp_path / "out.npy")
     assert not (tmp_path / "out.npy").exists()
 
 

@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from cnnlab.bench.gpus import MIB, Gpu, aggregate_bound, at_once, check_result, open_gpus  # noqa: E402
+from cnnlab.bench.gpus import MIB, Gpu, aggregate_bound, at_once, open_gpus  # noqa: E402
+from cnnlab.cuda.driver import checked  # noqa: E402
 
 HOST_REGISTER_READ_ONLY = 0x08
 
@@ -55,11 +56,11 @@ def main() -> None:
             steps = [0.0, 0.0, 0.0]  # register, copy, unregister
             for _ in range(args.copies):
                 marks = [time.perf_counter()]
-                check_result(cuda.cuMemHostRegister_v2(part, ctypes.c_size_t(nbytes), HOST_REGISTER_READ_ONLY), "cuMemHostRegister")
+                checked(cuda.cuMemHostRegister_v2(part, ctypes.c_size_t(nbytes), HOST_REGISTER_READ_ONLY), "cuMemHostRegister")
                 marks.append(time.perf_counter())
                 gpu.copy_from(part.value or 0)
                 marks.append(time.perf_counter())
-                check_result(cuda.cuMemHostUnregister(part), "cuMemHostUnregister")
+                checked(cuda.cuMemHostUnregister(part), "cuMemHostUnregister")
                 marks.append(time.perf_counter())
                 for step in range(3):
                     steps[step] += marks[step + 1] - marks[step]

@@ -16,17 +16,12 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from functools import partial
 
+from cnnlab.cuda.driver import checked
 from cnnlab.errors import DeviceError
 
 MIB = 1 << 20
 COPY_BYTES = 256 * MIB  # a copy, per GPU: long enough that a copy's start costs under 1% of it
 HOST_ALLOC_PORTABLE = 0x01
-
-
-def check_result(result: int, what: str) -> None:
-    """A driver call's result, where it failed, as a DeviceError naming the call."""
-    if result != 0:
-        raise DeviceError(f"{what} failed: CUDA error {result}")
 
 
 def driver() -> ctypes.CDLL:
@@ -35,14 +30,14 @@ def driver() -> ctypes.CDLL:
         cuda = ctypes.CDLL("libcuda.so.1")
     except OSError as error:
         raise DeviceError(f"no CUDA driver: {error}") from None
-    check_result(cuda.cuInit(0), "cuInit")
+    checked(cuda.cuInit(0), "cuInit")
     return cuda
 
 
 def visible_gpus(cuda: ctypes.CDLL) -> int:
     """How many GPUs the driver sees (CUDA_VISIBLE_DEVICES's, where it is set)."""
     count = ctypes.c_int()
-    check_result(cuda.cuDeviceGetCount(ctypes.byref(count)), "cuDeviceGetCount")
+    checked(cuda.cuDeviceGetCount(ctypes.byref(count)), "cuDeviceGetCount")
     return count.value
 
 
@@ -54,26 +49,26 @@ class Gpu:
         """Everything made here is handed to `owned` as it is made: a failure part way leaves nothing behind."""
         self.cuda, self.nbytes = cuda, nbytes
         handle, self.context = ctypes.c_int(), ctypes.c_void_p()
-        check_result(cuda.cuDeviceGet(ctypes.byref(handle), ordinal), "cuDeviceGet")
+        checked(cuda.cuDeviceGet(ctypes.byref(handle), ordinal), "cuDeviceGet")
         name = ctypes.create_string_buffer(256)
-        check_result(cuda.cuDeviceGetName(name, len(name), handle), "cuDeviceGetName")
+        checked(cuda.cuDeviceGetName(name, len(name), handle), "cuDeviceGetName")
         self.name = name.value.decode(errors="replace")
-        check_result(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(self.context), handle), "cuDevicePrimaryCtxRetain")
+        checked(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(self.context), handle), "cuDevicePrimaryCtxRetain")
         owned.callback(cuda.cuDevicePrimaryCtxRelease_v2, handle)
         self.current()
         self.host_buffer, self.device_buffer = ctypes.c_void_p(), ctypes.c_uint64()
         flags = HOST_ALLOC_PORTABLE
-        check_result(cuda.cuMemHostAlloc(ctypes.byref(self.host_buffer), ctypes.c_size_t(nbytes), flags), "cuMemHostAlloc")
+        checked(cuda.cuMemHostAlloc(ctypes.byref(self.host_buffer), ctypes.c_size_t(nbytes), flags), "cuMemHostAlloc")
         owned.callback(self._in_context, cuda.cuMemFreeHost, self.host_buffer)
         random = os.urandom(min(nbytes, MIB))
         for at in range(0, nbytes, len(random)):
             ctypes.memmove((self.host_buffer.value or 0) + at, random, min(len(random), nbytes - at))
-        check_result(cuda.cuMemAlloc_v2(ctypes.byref(self.device_buffer), ctypes.c_size_t(nbytes)), "cuMemAlloc")
+        checked(cuda.cuMemAlloc_v2(ctypes.byref(self.device_buffer), ctypes.c_size_t(nbytes)), "cuMemAlloc")
         owned.callback(self._in_context, cuda.cuMemFree_v2, self.device_buffer)
 
     def current(self) -> None:
         """Make this GPU's context current on the calling thread (each thread that copies to it)."""
-        check_result(self.cuda.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+        checked(self.cuda.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
 
     def _in_context(self, free: Callable[[object], int], what: object) -> None:
         """Give one thing back with this GPU's context current, whatever else failed (its result ignored: best effort)."""
@@ -83,7 +78,7 @@ class Gpu:
 
     def copy_from(self, address: int) -> None:
         """A synchronous copy of `nbytes` from host memory at `address` (page-locked or registered) to the device."""
-        check_result(
+        checked(
             self.cuda.cuMemcpyHtoD_v2(self.device_buffer, ctypes.c_void_p(address), ctypes.c_size_t(self.nbytes)), "cuMemcpyHtoD"
         )
 

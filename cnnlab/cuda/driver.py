@@ -203,6 +203,13 @@ def synchronize_stream(handle: int) -> None:
     only streams it made, so the driver's own call."""
     synchronize = ctypes.CDLL("libcuda.so.1").cuStreamSynchronize
     synchronize.argtypes = [ctypes.c_void_p]
-    result = synchronize(handle)
-    if result != 0:
-        raise DeviceError(f"cannot wait for the device array's stream {handle:#x}: CUDA error {result}")
+    checked(synchronize(handle), f"cannot wait for the device array's stream {handle:#x}: cuStreamSynchronize")
+
+
+def checked(result: int, call: str, error: type[Exception] = DeviceError) -> None:
+    """A driver call's result through ctypes (the GIL released while it ran), where it failed, as `error` naming the
+    call and the driver's words for the result."""
+    if result:
+        text = ctypes.c_char_p()
+        ctypes.CDLL("libcuda.so.1").cuGetErrorString(result, ctypes.byref(text))
+        raise error(f"{call} failed: {(text.value or b'CUDA error %d' % result).decode()}")

@@ -16,7 +16,7 @@ queued, and once at the end, `finish(lanes)`.
 from __future__ import annotations
 
 import math
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from typing import Any, Protocol
 
 import numpy as np
@@ -273,11 +273,23 @@ class Lanes:
         queued and `outputs` takes its partials. `check_finite`: raise ArrayError if any image value
         was a NaN or an infinity (found by conv2d_relu as it loads them, or, for a rung whose kernels make
         no such check, by find_nonfinite before them)."""
+        batch, flag = self._batches, np.zeros(1, np.int32)
+        self._batches += 1
+        try:
+            self._queue(count, source, chunk, outputs, check_finite, batch, flag)
+        except BaseException:
+            self._settle()  # no copy queued reads the caller's images (or writes its outputs) once this has returned
+            raise
+        if flag[0]:
+            raise nonfinite_error("images")
+
+    def _queue(
+        self, count: int, source: ChunkSource, chunk: int, outputs: OutputSink, check_finite: bool, batch: int, flag: np.ndarray
+    ) -> None:
+        """schedule()'s rounds, and the wait for the last of them; the check's flag read into `flag`."""
         lanes, trace = len(self.lanes), self._trace
         per_chunk = trace.per_chunk  # the trace of each chunk's spans, or NO_TRACE and a span of the batch on each stream
-        chunks, batch = math.ceil(count / chunk), self._batches
-        self._batches += 1
-        flag = np.zeros(1, np.int32)
+        chunks = math.ceil(count / chunk)
         separate_check = check_finite and not self._launcher.checks_finite
         with device_errors("CUDA error while computing"), ExitStack() as batch_spans:
             if check_finite:
@@ -310,8 +322,12 @@ class Lanes:
                 trace.settle(lane.stream)
             if check_finite:
                 self._driver.memcpy_dtoh(flag, self._nonfinite)
-        if flag[0]:
-            raise nonfinite_error("images")
+
+    def _settle(self) -> None:
+        """Wait for what is queued on every lane; in a lost context the wait fails at once, and nothing runs on."""
+        for lane in self.lanes:
+            with suppress(self._driver.Error):
+                lane.stream.synchronize()
 
     def _partials_for(self, chunks: int) -> np.ndarray:
         """Page-locked room for the partials of `chunks` chunks, and an event for each; grown as needed."""

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from cnnlab.cuda.driver import checked
 from cnnlab.errors import byte_size
 from cnnlab.network import own_pages
 
@@ -94,12 +95,7 @@ class Allocator:
 
     def _call(self, name: str, *args: Any) -> None:
         """A driver call through ctypes (the GIL released), its error raised as PyCUDA raises the driver's errors."""
-        cuda = ctypes.CDLL("libcuda.so.1")
-        result = getattr(cuda, name)(*args)
-        if result:
-            text = ctypes.c_char_p()
-            cuda.cuGetErrorString(result, ctypes.byref(text))
-            raise self._driver.Error(f"{name} failed: {(text.value or b'error %d' % result).decode()}")
+        checked(getattr(ctypes.CDLL("libcuda.so.1"), name)(*args), name, self._driver.Error)
 
     def free_all(self) -> None:
         allocations: list[DeviceAllocation | np.ndarray] = [*self._device, *self._host]

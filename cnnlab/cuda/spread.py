@@ -23,6 +23,7 @@ import numpy as np
 
 from cnnlab.backend import Backend, Batch, DeviceBatch, TextBatching
 from cnnlab.files.csv_batch import CsvBatch
+from cnnlab.interrupts import held
 from cnnlab.network import IMAGE_BYTES, DeviceRoom, ImageBatch, OutputBatch
 from cnnlab.owner import BackendOwner
 
@@ -63,8 +64,13 @@ class Spread:
         are copied into one GPU's part after another; None where a GPU's backend has no rooms (stand-ins)."""
         share = math.ceil(count / len(self._owners))
         making = [owner.submit(lambda backend: backend.device_room(share)) for owner in self._owners]
-        wait(making)  # every room made (or failed) before any error is raised, so that those made are freed
-        failure = next((part.exception() for part in making if part.exception() is not None), None)
+        failure: BaseException | None = None
+        try:
+            with held():  # every room made (or failed) before any error, a signal's too, is raised: those made are freed
+                wait(making)
+        except BaseException as interrupted:
+            failure = interrupted
+        failure = failure or next((part.exception() for part in making if part.exception() is not None), None)
         rooms: list[DeviceRoom | None] = [None if part.exception() is not None else part.result() for part in making]
         made = [room for room in rooms if room is not None]
         if failure is None and len(made) == len(rooms):
