@@ -17,6 +17,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
 from operator import methodcaller
@@ -373,27 +374,31 @@ def run_network(
                         images_done += len(outputs)
                         progress.update(images_done)
             loop_seconds = time.perf_counter() - loop_start
-        except BaseException:
-            progress.finish()
-            _give_back(backend, rooms, images, failing=True)
+        except BaseException as error:
+            _give_back(backend, rooms, images, failing=error)
+            with suppress(OSError):  # a terminal gone (SIGHUP): the run's error is still the one told
+                progress.finish()
             raise
         progress.finish()
-        _give_back(backend, rooms, images, failing=False)
+        _give_back(backend, rooms, images)
         reader.finish()
     return RunStats(reader.count, work_seconds, loop_seconds, batch_size, startup_seconds)
 
 
-def _give_back(backend: Backend, rooms: list[DeviceRoom | TextRooms], images: list[np.ndarray], failing: bool) -> None:
-    """Free a run's device rooms and host buffers (its reader has stopped: nothing fills them). Where the run is failing,
-    a free that fails too is passed over, so that the run's own error is the one told (the backend's close, or the
-    process's end, takes what is left)."""
+def _give_back(
+    backend: Backend, rooms: list[DeviceRoom | TextRooms], images: list[np.ndarray], failing: BaseException | None = None
+) -> None:
+    """Free a run's device rooms and host buffers (its reader has stopped: nothing fills them). Where the run is
+    `failing`, a free that fails too is passed over, noted on the run's error, so that the run's own error is the one
+    told (the backend's close, or the process's end, takes what is left)."""
     frees: list[Callable[[], None]] = [*(each.free for each in rooms), *(partial(backend.free_images, buffer) for buffer in images)]
     for free in frees:
         try:
             free()
-        except Exception:
-            if not failing:
+        except Exception as error:
+            if failing is None:
                 raise
+            failing.add_note(f"and a free failed after it: {error!r}")
 
 
 def _non_finite_image(input_path: str | os.PathLike, batch: Batch, first_image: int) -> InputFileError:

@@ -6,6 +6,7 @@ copier's bytes, cuda mode's outputs against the copied path's, and a file that e
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from functools import partial
@@ -115,14 +116,23 @@ def test_rooms_made_before_one_that_cannot_be_are_freed(tmp_path: Path, rng: np.
 
 
 class Interrupting(StandIn):
-    """A GPU whose first room is made as a signal reaches the main thread (a simulated SIGINT), while another GPU is
-    still making its own."""
+    """A GPU whose first room is made as a signal reaches the main thread (a simulated SIGINT, or where `real` a SIGTERM
+    from the system), while another GPU is still making its own."""
+
+    real = False
 
     def device_room(self, count: int) -> HostRoom:  # type: ignore[override]
         import _thread
 
-        _thread.interrupt_main()
+        if self.real:
+            os.kill(os.getpid(), signal.SIGTERM)
+        else:
+            _thread.interrupt_main()
         return super().device_room(count)
+
+
+class Terminating(Interrupting):
+    real = True
 
 
 class Slow(StandIn):
@@ -131,12 +141,26 @@ class Slow(StandIn):
         return super().device_room(count)
 
 
-def test_a_signal_while_the_gpus_make_their_rooms_frees_every_room_made(tmp_path: Path, rng: np.random.Generator) -> None:
-    """Ctrl-C while several GPUs make their rooms: the run ends in the signal's exception, once every GPU's room is made
-    and freed (none is left to the context's close)."""
+@pytest.mark.parametrize("handlers", ["python's", "the command line's"])
+def test_a_signal_while_the_gpus_make_their_rooms_frees_every_room_made(tmp_path: Path, rng: np.random.Generator, handlers: str) -> None:
+    """A signal while several GPUs make their rooms: the run ends in the signal's exception, once every GPU's room is
+    made and freed (none is left to the context's close). Under Python's own handler (the API) the KeyboardInterrupt
+    is caught and each room waited for; under the command line's (interrupts.install) the SIGTERM is held until they
+    are made and raised as the rooms are freed."""
+    from cnnlab import interrupts
+
     cnn, path = random_cnn(rng), save(tmp_path / "in.npy", random_values(rng, 40, INPUT_DIM, INPUT_DIM))
-    with Spread([partial(Interrupting, cnn), partial(Slow, cnn)]) as spread, pytest.raises(KeyboardInterrupt):
-        run_network(spread, path, tmp_path / "out.npy")
+    first, expected = (Interrupting, KeyboardInterrupt) if handlers == "python's" else (Terminating, interrupts.Terminated)
+    previous = {signum: signal.getsignal(signum) for signum in interrupts.SIGNAL_EXITS}
+    try:
+        if first is Terminating:
+            interrupts.install()
+        with Spread([partial(first, cnn), partial(Slow, cnn)]) as spread, pytest.raises(expected):
+            run_network(spread, path, tmp_path / "out.npy")
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        interrupts._received.clear()
     rooms = [room for backend in spread._backends for room in backend.rooms]  # type: ignore[attr-defined]
     assert len(rooms) == 2 and all(room.freed for room in rooms)
     assert not (tmp_path / "out.npy").exists()
@@ -163,8 +187,9 @@ def test_a_free_that_fails_after_the_run_failed_leaves_the_run_s_own_error(tmp_p
         run_network(backend, path, tmp_path / "out.npy")
     images[30, 5, 5] = np.nan
     save(path, images)
-    with FailingFree(cnn) as backend, pytest.raises(InputFileError, match="image 31 holds nan"):
+    with FailingFree(cnn) as backend, pytest.raises(InputFileError, match="image 31 holds nan") as raised:
         run_network(backend, path, tmp_path / "out.npy")
+    assert any("cannot free device memory" in note for note in raised.value.__notes__)  # kept for a traceback's reader
     assert not (tmp_path / "out.npy").exists()
 
 

@@ -16,7 +16,7 @@ queued, and once at the end, `finish(lanes)`.
 from __future__ import annotations
 
 import math
-from contextlib import ExitStack, suppress
+from contextlib import ExitStack
 from typing import Any, Protocol
 
 import numpy as np
@@ -324,10 +324,18 @@ class Lanes:
                 self._driver.memcpy_dtoh(flag, self._nonfinite)
 
     def _settle(self) -> None:
-        """Wait for what is queued on every lane; in a lost context the wait fails at once, and nothing runs on."""
+        """Wait for what is queued on every lane, even through a signal (raised once every lane is waited for); in a
+        lost context each wait fails at once, and nothing runs on."""
+        interrupted: BaseException | None = None
         for lane in self.lanes:
-            with suppress(self._driver.Error):
+            try:
                 lane.stream.synchronize()
+            except self._driver.Error:
+                pass
+            except BaseException as error:  # KeyboardInterrupt, or SIGTERM's exception
+                interrupted = interrupted or error
+        if interrupted is not None:
+            raise interrupted
 
     def _partials_for(self, chunks: int) -> np.ndarray:
         """Page-locked room for the partials of `chunks` chunks, and an event for each; grown as needed."""

@@ -63,24 +63,33 @@ class Spread:
         """A room on every GPU (made at once, each on its thread), a share of each batch each, which the file's bytes
         are copied into one GPU's part after another; None where a GPU's backend has no rooms (stand-ins)."""
         share = math.ceil(count / len(self._owners))
-        making = [owner.submit(lambda backend: backend.device_room(share)) for owner in self._owners]
+        kept: SpreadRoom | None = None
         failure: BaseException | None = None
         try:
-            with held():  # every room made (or failed) before any error, a signal's too, is raised: those made are freed
-                wait(making)
-        except BaseException as interrupted:
-            failure = interrupted
-        failure = failure or next((part.exception() for part in making if part.exception() is not None), None)
-        rooms: list[DeviceRoom | None] = [None if part.exception() is not None else part.result() for part in making]
-        made = [room for room in rooms if room is not None]
-        if failure is None and len(made) == len(rooms):
-            return SpreadRoom(made, self._owners, count)
-        for owner, room in zip(self._owners, rooms):  # a GPU failed, or one has no rooms (stand-ins): none is kept
-            if room is not None:
-                owner.call(partial(_free, room))
+            # Every room made (or failed) before any error is raised, a signal's too (held: raised as the block ends,
+            # where the command line's handlers are installed), so that those made are freed.
+            with held():
+                making = [owner.submit(lambda backend: backend.device_room(share)) for owner in self._owners]
+                try:
+                    wait(making)
+                except BaseException as interrupted:  # not held (the Python API): each room is still waited for below
+                    failure = interrupted
+                failure = failure or next((part.exception() for part in making if part.exception() is not None), None)
+                rooms: list[DeviceRoom | None] = [None if part.exception() is not None else part.result() for part in making]
+                made = [room for room in rooms if room is not None]
+                if failure is None and len(made) == len(rooms):
+                    kept = SpreadRoom(made, self._owners, count)
+                else:  # a GPU failed, or one has no rooms (stand-ins): none is kept
+                    for owner, room in zip(self._owners, rooms):
+                        if room is not None:
+                            owner.call(partial(_free, room))
+        except BaseException:  # a signal held until now: the rooms kept go too
+            if kept is not None:
+                kept.free()
+            raise
         if failure is not None:
             raise failure
-        return None
+        return kept
 
     def allocate_text(self, nbytes: int) -> np.ndarray:
         """The first GPU's page-locked window (made current on the caller's thread, as a CudaContext's are)."""
