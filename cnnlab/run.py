@@ -28,7 +28,7 @@ import numpy as np
 from cnnlab.backend import Backend, Batch, DeviceBatch
 from cnnlab.errors import ArrayError, DeviceError, InputFileError
 from cnnlab.files.csv_batch import CsvBatch
-from cnnlab.files.csv_on_device import CsvOnDevice
+from cnnlab.files.csv_on_device import CsvRangeReader
 from cnnlab.files.csv_reader import CsvImageReader
 from cnnlab.files.formats import ImageReader, OutputWriter, open_images, open_outputs
 from cnnlab.files.npy import VIEW_IMAGES, NpyImageReader
@@ -253,7 +253,7 @@ def _fill_room(reader: NpyImageReader, room: DeviceRoom, stop: threading.Event) 
     return DeviceBatch(room, count) if count else None
 
 
-def _csv_on_device(backend: Backend, reader: ImageReader, trace: Tracer) -> CsvOnDevice | None:
+def _csv_on_device(backend: Backend, reader: ImageReader, trace: Tracer) -> CsvRangeReader | None:
     """The reader of a regular CSV file's text into device rooms, where the backend has them (a GPU that parses CSV) and
     the file's head says where its images begin; else None."""
     if not isinstance(reader, CsvImageReader) or (start := reader.text_start()) is None:
@@ -262,10 +262,10 @@ def _csv_on_device(backend: Backend, reader: ImageReader, trace: Tracer) -> CsvO
         rooms = backend.text_rooms(reader.size / reader.count)
     except DeviceError:  # no room on the device for them: the text goes through the host's windows, as before
         return None
-    return None if rooms is None else CsvOnDevice(reader, rooms, *start, trace)
+    return None if rooms is None else CsvRangeReader(reader, rooms, *start, trace)
 
 
-def _parse_on_device(text: CsvOnDevice, slot: Any, stop: threading.Event) -> DeviceBatch | None:
+def _parse_on_device(text: CsvRangeReader, slot: Any, stop: threading.Event) -> DeviceBatch | None:
     """The next whole images of a regular CSV file, parsed in a backend's device rooms (a slot is only a turn)."""
     found = text.read(stop)
     return None if found is None else DeviceBatch(*found)

@@ -32,7 +32,7 @@ PHASES = {
     "cnnlab.files.csv_reader": ["CsvImageReader.__init__", "CsvImageReader.reserve_text", "CsvImageReader.read_text",
                             "CsvImageReader.read_into", "CsvImageReader._parse", "CsvImageReader.finish",
                             "CsvImageReader.close", "CsvImageReader.text_start"],
-    "cnnlab.files.csv_on_device": ["CsvOnDevice.read", "CsvOnDevice._cut"],
+    "cnnlab.files.csv_on_device": ["CsvRangeReader.read", "CsvRangeReader._cut"],
     "cnnlab.files.text": ["TextSource.take", "TextSource._turn", "TextSource._read_more", "TextSource._read_ahead",
                           "TextSource._read_summarized", "TextSource.close", "cut_summarized", "prefixes_of", "spans_of", "runs_of"],
     "cnnlab.files.npy": ["NpyImageReader.read_into", "NpyImageReader.map", "NpyImageReader.next_view", "NpyImageReader.finish"],

@@ -18,7 +18,7 @@ reads them), outputs to the host or, with `out`, added up on the device into the
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -218,11 +218,13 @@ class CudaContext:
             )
 
     def _free_text_rooms(self, rooms: CsvRooms) -> None:
-        """Give text rooms back once what was queued on them is done; in a lost context nothing is freed (see close())."""
-        with device_errors("cannot free device memory"), self._current():
-            if not context_lost(self.driver):
-                rooms.synchronize()
-                rooms.close()
+        """Give text rooms back once what was queued on them is done."""
+
+        def free() -> None:
+            rooms.synchronize()
+            rooms.close()
+
+        self._unless_lost("cannot free device memory", free)
 
     def _copier_for_rooms(self) -> FileCopier:
         """The copier that fills device rooms from files, made with the first room: its threads and bounce buffers serve
@@ -238,12 +240,14 @@ class CudaContext:
 
     def _free_room(self, room: FileRoom) -> None:
         """Give a room's memory back once its last fill's copies have arrived (a batch filled but never computed may
-        still be arriving); in a lost context nothing is freed (see close())."""
-        with device_errors("cannot free device memory"), self._current():
-            if not context_lost(self.driver):
-                room.ready.synchronize()
-                self.memory.free(room.allocation)
-                room.ready = None  # the event goes now, while the context is current
+        still be arriving); its event goes too, while the context is current."""
+
+        def free() -> None:
+            room.ready.synchronize()
+            self.memory.free(room.allocation)
+            room.ready = None
+
+        self._unless_lost("cannot free device memory", free)
 
     def upload(self, batch: ImageBatch) -> DeviceImages:
         """Copy a batch to device memory once, for compute_resident(); free() gives the memory back."""
@@ -353,10 +357,15 @@ class CudaContext:
         self._free_page_locked(buffer)
 
     def _free_page_locked(self, buffer: np.ndarray) -> None:
-        """Give a page-locked buffer back (on any thread); in a lost context nothing is freed (see close())."""
-        with device_errors("cannot free page-locked host memory"), self._current():
+        """Give a page-locked buffer back."""
+        self._unless_lost("cannot free page-locked host memory", partial(self.memory.free, buffer))
+
+    def _unless_lost(self, what: str, free: Callable[[], None]) -> None:
+        """`free()` with the context current (on any thread), `what` the error's words; in a lost context nothing is
+        freed (see close())."""
+        with device_errors(what), self._current():
             if not context_lost(self.driver):
-                self.memory.free(buffer)
+                free()
 
     @contextmanager
     def _current(self) -> Iterator[None]:

@@ -82,9 +82,9 @@ class Copying:
 
 class FileCopier:
     """Copies byte ranges of files into device memory on `threads` threads (at most MAX_THREADS), with the context
-    made current on each by `current`; its buffers are `memory`'s, given back when the context frees its memory. One
-    copy at a time (a run's reader thread asks): the threads' bounce buffers serve every copy. Made on the context's
-    thread (its join stream is the context's)."""
+    made current on each by `current`; its buffers are `memory`'s, given back when the context frees its memory. Up to
+    IN_FLIGHT copies at once (a run's reader thread asks): the threads' bounce buffers serve every copy. Made on the
+    context's thread (its join stream is the context's)."""
 
     def __init__(self, driver: Driver, memory: Allocator, current: Callable[[], AbstractContextManager[None]], threads: int) -> None:
         self._driver, self._current = driver, current
@@ -121,7 +121,7 @@ class FileCopier:
 
     def start(self, fd: int, offset: int, nbytes: int, address: int, ready: Any, stop: threading.Event) -> Copying:
         """Start a copy(): its threads read and copy while the caller does other work, and its Copying's wait() ends it
-        as copy() does. The copier starts the next copy only once this one's wait() has returned."""
+        as copy() does. Up to IN_FLIGHT copies are under way at once: a start() past them waits for the oldest's wait()."""
         tasks = iter(range(0, nbytes, TASK_BYTES))
         taking, halt = threading.Lock(), threading.Event()  # halt: a thread failed, or Copying.stop()
 

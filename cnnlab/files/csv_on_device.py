@@ -39,7 +39,7 @@ class TextRange:
     nbytes: int
 
 
-class CsvOnDevice:
+class CsvRangeReader:
     """The images of a regular CSV file, read and parsed in a backend's device rooms, a range at a time."""
 
     def __init__(self, reader: CsvImageReader, rooms: TextRooms, start: int, separated: bool, trace: Tracer = NO_TRACE) -> None:
