@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,9 @@ from cnnlab.bench.gpu import npy_file_rate, npy_in_page_cache
 from cnnlab.bench.gpus import at_once
 from cnnlab.bench.peers import run_peers
 from cnnlab.bench.report import BenchOptions, BenchReport, Figure, format_table, ratios
+from cnnlab.bench.startup import driver_starts
 from cnnlab.cpu.backend import CPU_ISAS, ISA_VARIABLE, CpuBackend, Forward
+from cnnlab.cuda.gpus import VISIBLE, machine_count
 from cnnlab.errors import DeviceError
 
 
@@ -257,6 +260,24 @@ def test_bench_refuses_unknown_rows() -> None:
     assert "unknown bench rows gpu" in assert_one_line_error(cnnlab("bench", "--rows", "cpu,gpu"))
 
 
+# A stand-in for the driver's start: each process is shown one number (CUDA_VISIBLE_DEVICES) and prints the start and the
+# end that number gives, as the real script prints its own; a number past 9 fails, as a GPU that is not there does.
+STAND_IN_START = """
+import os, sys
+shown = int(os.environ["CUDA_VISIBLE_DEVICES"])
+assert shown < 10
+print(100 + shown * 0.25, 101 + shown * int(sys.argv[1]))
+"""
+
+
+def test_driver_starts_spans_the_first_start_to_the_last_context() -> None:
+    """Processes started at once: from the earliest start to the latest end (hand-computed), every process waited for;
+    None where one of them fails."""
+    assert driver_starts(["0"], script=STAND_IN_START) == pytest.approx(1.0)
+    assert driver_starts(["2", "1", "3"], 2, script=STAND_IN_START) == pytest.approx(107 - 100.25)
+    assert driver_starts(["1", "12"], script=STAND_IN_START) is None
+
+
 @pytest.mark.gpu_if_present
 def test_bench_startup_rows_time_whole_processes_beside_the_floor(tmp_path: Path) -> None:
     """cnnlab cpu on the default data, whole processes; with a GPU, the floor (the driver's start alone, inside a bare
@@ -273,5 +294,12 @@ def test_bench_startup_rows_time_whole_processes_beside_the_floor(tmp_path: Path
         cuda = next(row for row in report["startup"] if row["name"].startswith("cnnlab cuda"))
         assert 0 < floor["seconds"] < bare_process["seconds"] and floor["seconds"] < cuda["seconds"]
         assert f"+{cuda['seconds'] - floor['seconds']:.3f} s" in result.stdout
+        several = [row for row in report["startup"] if row["name"].startswith("driver's start:")]
+        gpus = machine_count() or 0
+        if gpus > 1 and VISIBLE not in os.environ:  # each count of GPUs from 2, both ways
+            assert [row["name"].split(":")[1].split()[0] for row in several] == [str(n) for n in range(2, gpus + 1) for _ in "ab"]
+            assert all(0 < row["spread"][0] <= row["seconds"] <= row["spread"][1] < 30 for row in several)
+        else:
+            assert not several
     else:
         assert names == [cpu["name"]] and "start-up floor not measured" in result.stdout

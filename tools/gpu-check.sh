@@ -12,7 +12,8 @@
 #             (also cpu --no-read-ahead and cuda --batch 512)
 #   gpus      cuda mode started for GPU 0 (and for GPUs 0 and 1) against the same runs with CUDA_VISIBLE_DEVICES set to
 #             those GPUs, whole processes in turns, a second's settle before each (tools/paired_wall.py); then what the
-#             host can feed 1..N GPUs copying at once (tools/h2d_bound.py)
+#             host can feed 1..N GPUs copying at once (tools/h2d_bound.py); the bench's startup and gpus rows (what 2..N
+#             GPUs cost to start, in one process and in as many at once; their copies at once)
 #   startup   the default data (4 images) in cpu and cuda mode, three times each: wall time and start-up
 #   npy       65,536 images in a .npy file in the page cache: the compute loop's rate
 #   memory    peak RSS of 2,000 and 20,000 images, cpu and cuda, CSV and .npy
@@ -127,6 +128,7 @@ for stage in $stages; do
             --b "env CUDA_VISIBLE_DEVICES=0,1 $run --devices 0,1"
         fi
         python3 tools/h2d_bound.py --file "$WORK/h2d.bin"
+        python3 -m cnnlab bench --rows startup,gpus --repeats 5
       } 2>&1 | tee "$OUT/gpus.log" || status=1 ;;
     startup)
       for run in 1 2 3; do

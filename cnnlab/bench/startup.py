@@ -2,6 +2,11 @@
 mode cannot go under: the driver's start (cuInit and the primary context, through ctypes, as a few lines of C would)
 timed inside a bare interpreter. That interpreter is timed as a whole process too: its exit, where the kernel closes
 the driver's files, tears the context down, which cuda mode leaves to a helper (cnnlab/cuda/teardown.py).
+
+On a machine of several GPUs, what more of them cost to start: the driver shown 2..N GPUs in one process, a context a
+thread (as `--devices` starts them), and as many processes started at once, each shown one GPU. Both are timed from the
+first driver's start to the last context's, so they read against the floor: the start is the part of `--devices` that
+no arrangement of threads or processes can overlap where the driver starts its GPUs one after another.
 """
 
 from __future__ import annotations
@@ -12,22 +17,54 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 from cnnlab.bench.report import BenchOptions, Startup
-from cnnlab.cuda.gpus import VISIBLE
+from cnnlab.cuda.gpus import VISIBLE, machine_count
 from cnnlab.resources import resource_dir
 
-# The driver's start alone, in a bare interpreter (-S: no site, so nothing but ctypes is imported): prints its seconds.
+# The driver's start alone, in a bare interpreter (-S: no site, so nothing but ctypes and threading is imported): cuInit,
+# then the primary contexts of the first argv[1] GPUs it is shown, a thread each. Prints when it began and when the last
+# context was ready, on the clock that every process shares (perf_counter is CLOCK_MONOTONIC).
 DRIVER_START = """
-import ctypes, time
+import ctypes, sys, threading, time
 start = time.perf_counter()
 cuda = ctypes.CDLL("libcuda.so.1")
-device, context = ctypes.c_int(), ctypes.c_void_p()
-assert cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(device), 0) == 0
-assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device) == 0
-print(time.perf_counter() - start)
+assert cuda.cuInit(0) == 0
+def retain(ordinal, started):
+    device, context = ctypes.c_int(), ctypes.c_void_p()
+    started.append(cuda.cuDeviceGet(ctypes.byref(device), ordinal) == 0
+                   and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device) == 0)
+started = []
+threads = [threading.Thread(target=retain, args=(ordinal, started)) for ordinal in range(int(sys.argv[1]))]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+assert all(started)
+print(start, time.perf_counter())
 """
+
+
+def driver_starts(shown: list[str], contexts: int = 1, script: str = DRIVER_START) -> float | None:
+    """A bare interpreter for each of `shown` started at once, each shown those GPUs (CUDA_VISIBLE_DEVICES) and
+    retaining the primary contexts of its first `contexts`: seconds from the first one's start of the driver to the last
+    one's contexts ready; None where one fails (no driver, no such GPU)."""
+    processes = [
+        subprocess.Popen([sys.executable, "-S", "-c", script, str(contexts)], stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, text=True, env={**os.environ, VISIBLE: gpus})
+        for gpus in shown
+    ]  # fmt: skip
+    began, ready, failed = [], [], False
+    for process in processes:  # each one waited for, whatever the others did
+        marks = process.communicate()[0].split()
+        if process.returncode != 0 or len(marks) != 2:
+            failed = True
+            continue
+        began.append(float(marks[0]))
+        ready.append(float(marks[1]))
+    return None if failed else max(ready) - min(began)
 
 
 SETTLE_SECONDS = 0.5
@@ -48,19 +85,20 @@ def _wall(command: list[str]) -> float:
 
 def bench_startup(options: BenchOptions) -> tuple[list[Startup], list[str]]:
     """The floor (where a GPU answers), then cnnlab cpu and cuda on the default data, each the median of the repeats
-    after a run that warms the page cache and the bytecode; notes on what did not run."""
+    after a run that warms the page cache and the bytecode; on a machine of several GPUs, what 2..N of them cost to
+    start; notes on what did not run."""
     rows, notes = [], []
     floor, driver_start = [], []
     # The driver shown only GPU 0, as `cnnlab cuda` shows it (gpus.show_only): cuInit starts every GPU it sees.
-    shown = os.environ if VISIBLE in os.environ else {**os.environ, VISIBLE: "0"}
+    shown = os.environ.get(VISIBLE, "0")
     for _ in range(options.repeats):
         start = time.perf_counter()
-        done = subprocess.run([sys.executable, "-S", "-c", DRIVER_START], capture_output=True, text=True, env=shown)
+        seconds = driver_starts([shown])
         floor.append(time.perf_counter() - start)
-        if done.returncode != 0:
+        if seconds is None:
             notes.append("start-up floor not measured: no CUDA driver or GPU answered")
             break
-        driver_start.append(float(done.stdout))
+        driver_start.append(seconds)
     if len(driver_start) == options.repeats:
         rows.append(_startup("floor: cuInit and the primary context alone (ctypes, in C's time)", driver_start))
         rows.append(_startup("a bare process that starts the driver, exec to exit (its exit tears down)", floor))
@@ -70,9 +108,35 @@ def bench_startup(options: BenchOptions) -> tuple[list[Startup], list[str]]:
             command = [sys.executable, "-m", "cnnlab", mode, str(data / "cnn.csv"), str(data / "in.csv"), str(Path(folder) / "out.csv")]
             try:
                 _wall(command)
-                seconds = [_wall(command) for _ in range(options.repeats)]
+                seconds_of = [_wall(command) for _ in range(options.repeats)]
             except subprocess.CalledProcessError as error:
                 notes.append(f"start-up of cnnlab {mode} not measured: {(error.stderr or b'').decode().strip()[:200]}")
                 continue
-            rows.append(_startup(f"cnnlab {mode}, the default data (4 images), whole process", seconds))
+            rows.append(_startup(f"cnnlab {mode}, the default data (4 images), whole process", seconds_of))
+    gpus = machine_count() or 0
+    if rows and gpus > 1:
+        if VISIBLE in os.environ:
+            notes.append(f"several GPUs' start not measured: {VISIBLE} is set, and the rows need every GPU")
+        else:
+            rows += _several_gpus(gpus, options.repeats)
     return rows, notes
+
+
+def _several_gpus(gpus: int, repeats: int) -> list[Startup]:
+    """For 2..`gpus` GPUs, the driver's start in one process shown them all and in as many processes at once, in turns
+    after a settle, each the median of `repeats`; a figure that failed (a GPU taken meanwhile) is left out."""
+    rows = []
+    for count in range(2, gpus + 1):
+        numbers = [str(gpu) for gpu in range(count)]
+        ways = {
+            f"driver's start: {count} GPUs in one process, a thread each": partial(driver_starts, [",".join(numbers)], count),
+            f"driver's start: {count} processes at once, a GPU each": partial(driver_starts, numbers),
+        }
+        seconds: dict[str, list[float]] = {name: [] for name in ways}
+        for _ in range(repeats):
+            for name, start in ways.items():
+                time.sleep(SETTLE_SECONDS)
+                if (took := start()) is not None:
+                    seconds[name].append(took)
+        rows += [_startup(name, took) for name, took in seconds.items() if took]
+    return rows
