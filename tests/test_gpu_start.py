@@ -214,6 +214,26 @@ def run_python(script: str, *args: str, **env: str) -> subprocess.CompletedProce
     )
 
 
+QUEUES_GIVEN = """
+import os
+from cnnlab.cuda.driver import start_driver
+start_driver([0]).join()
+print(os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"))
+"""
+
+
+@pytest.mark.parametrize(("users", "given"), [(None, "2"), ("8", "8"), ("1", "1")])
+def test_the_driver_starts_with_two_hardware_queues_a_context_unless_the_user_chose(users: str | None, given: str) -> None:
+    """The command line's driver (started or not: none here is fine) makes its contexts with two hardware queues, where
+    the user has set no CUDA_DEVICE_MAX_CONNECTIONS of their own; theirs is kept."""
+    environment = {key: value for key, value in SUBPROCESS_ENV.items() if key not in (gpus.VISIBLE, "CUDA_DEVICE_MAX_CONNECTIONS")}
+    if users is not None:
+        environment["CUDA_DEVICE_MAX_CONNECTIONS"] = users
+    started = subprocess.run([sys.executable, "-c", QUEUES_GIVEN], env=environment, capture_output=True, text=True, timeout=300)
+    assert started.returncode == 0, started.stderr
+    assert started.stdout.split() == [given]
+
+
 @GPU
 @pytest.mark.gpu
 def test_a_run_starts_only_its_gpu_and_numbers_it_as_the_machine_does() -> None:

@@ -21,6 +21,7 @@ from functools import partial
 from pathlib import Path
 
 from cnnlab.bench.report import BenchOptions, Startup
+from cnnlab.cuda.driver import few_queues
 from cnnlab.cuda.gpus import VISIBLE, machine_count
 from cnnlab.resources import resource_dir
 
@@ -53,7 +54,7 @@ def driver_starts(shown: list[str], contexts: int = 1, script: str = DRIVER_STAR
     one's contexts ready; None where one fails (no driver, no such GPU)."""
     processes = [
         subprocess.Popen([sys.executable, "-S", "-c", script, str(contexts)], stdout=subprocess.PIPE,
-                         stderr=subprocess.DEVNULL, text=True, env={**os.environ, VISIBLE: gpus})
+                         stderr=subprocess.DEVNULL, text=True, env=few_queues({**os.environ, VISIBLE: gpus}))
         for gpus in shown
     ]  # fmt: skip
     began, ready, failed = [], [], False
@@ -89,7 +90,8 @@ def bench_startup(options: BenchOptions) -> tuple[list[Startup], list[str]]:
     start; notes on what did not run."""
     rows, notes = [], []
     floor, driver_start = [], []
-    # The driver shown only GPU 0, as `cnnlab cuda` shows it (gpus.show_only): cuInit starts every GPU it sees.
+    # The driver shown only GPU 0, as `cnnlab cuda` shows it (gpus.show_only): cuInit starts every GPU it sees. Each
+    # process is given the hardware queues cnnlab cuda gives a context (driver.few_queues), in driver_starts.
     shown = os.environ.get(VISIBLE, "0")
     for _ in range(options.repeats):
         start = time.perf_counter()
