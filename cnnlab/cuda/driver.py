@@ -134,9 +134,9 @@ def _retain(cuda: ctypes.CDLL, ordinal: int) -> None:
 
 
 # A context's hardware queues, where the user has not set CUDA_DEVICE_MAX_CONNECTIONS (default 8): the driver makes
-# them as it makes the context, one after another. On the H100 machine the primary context took 61-89 ms with 1, 79-89
+# them with the context, whose cost grows with their number. On the H100 machine the primary context took 61-89 ms with 1, 79-89
 # with 2, 107-108 with 4 and 178-216 with 8 (two rounds), while the loops of cnnlab cuda on 15,000 and 30,000 CSV
-# images and 100,000 .npy images ran as fast with 2 as with 8 (three turns; with 1 the CSV loop slowed up to 1.3x):
+# images and 100,000 .npy images ran as fast with 2 as with 8 (three turns; with 1 the CSV loop slowed up to 1.4x):
 # the streams that share a queue are the copier's, whose copies share the copy engines anyway, and the lanes'.
 CONNECTIONS = "CUDA_DEVICE_MAX_CONNECTIONS"
 QUEUES = 2
