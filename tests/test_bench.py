@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from helpers import ROOT, SUBPROCESS_ENV, assert_one_line_error, cnnlab, random_cnn
 
+from cnnlab.bench import startup
 from cnnlab.bench.gpu import npy_file_rate, npy_in_page_cache
 from cnnlab.bench.gpus import at_once
 from cnnlab.bench.peers import run_peers
@@ -261,21 +262,37 @@ def test_bench_refuses_unknown_rows() -> None:
 
 
 # A stand-in for the driver's start: each process is shown one number (CUDA_VISIBLE_DEVICES) and prints the start and the
-# end that number gives, as the real script prints its own; a number past 9 fails, as a GPU that is not there does.
+# end that number gives, as the real script prints its own, after writing its pid to STAND_IN_PIDS + the number; a
+# number from 10 fails at once, as a GPU that is not there does, and 99 hangs.
 STAND_IN_START = """
-import os, sys
+import os, sys, time
 shown = int(os.environ["CUDA_VISIBLE_DEVICES"])
+open(os.environ["STAND_IN_PIDS"] + str(shown), "w").write(str(os.getpid()))
+time.sleep(1000 if shown == 99 else 0.2)
 assert shown < 10
 print(100 + shown * 0.25, 101 + shown * int(sys.argv[1]))
 """
 
 
-def test_driver_starts_spans_the_first_start_to_the_last_context() -> None:
-    """Processes started at once: from the earliest start to the latest end (hand-computed), every process waited for;
-    None where one of them fails."""
+def gone(pid_file: Path) -> bool:
+    """Whether the process whose pid the file holds has ended and been waited for."""
+    try:
+        os.kill(int(pid_file.read_text()), 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_driver_starts_spans_the_first_start_to_the_last_context(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Processes started at once: from the earliest start to the latest end (hand-computed); None where one of them
+    fails, every other one still waited for; one that hangs is killed at the timeout."""
+    monkeypatch.setenv("STAND_IN_PIDS", str(tmp_path / "pid-"))
     assert driver_starts(["0"], script=STAND_IN_START) == pytest.approx(1.0)
     assert driver_starts(["2", "1", "3"], 2, script=STAND_IN_START) == pytest.approx(107 - 100.25)
-    assert driver_starts(["1", "12"], script=STAND_IN_START) is None
+    assert driver_starts(["12", "1"], script=STAND_IN_START) is None
+    assert gone(tmp_path / "pid-12") and gone(tmp_path / "pid-1")
+    monkeypatch.setattr(startup, "DRIVER_START_TIMEOUT", 1)
+    assert driver_starts(["99"], script=STAND_IN_START) is None and gone(tmp_path / "pid-99")
 
 
 @pytest.mark.gpu_if_present

@@ -184,15 +184,23 @@ class FakeDriver:
     Event = FakeEvent
 
 
-def test_a_stream_s_anchor_is_the_tightest_of_its_waits(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The anchor is taken again while its wait is long (the waiting thread preempted) and the tightest is kept: its
-    host time midway through that wait (hand-computed on a fake clock), no more tries once one is short."""
+@pytest.mark.parametrize(
+    ("waits_us", "tries", "kept"),
+    [([5_000, 3_000, 10, 1], 3, 2),  # the third is under ANCHOR_WAIT_NS: no fourth try
+     ([5_000, 3_000, 4_000, 6_000, 7_000, 1], 5, 1)],  # every wait long: five tries, the tightest (the second) kept
+)  # fmt: skip
+def test_a_stream_s_anchor_is_the_tightest_of_its_waits(
+    monkeypatch: pytest.MonkeyPatch, waits_us: list[int], tries: int, kept: int
+) -> None:
+    """The anchor is taken again while its wait is long (the waiting thread preempted), at most ANCHOR_TRIES times, and
+    the tightest is kept: its host time midway through that wait, hand-computed on a fake clock."""
     from types import SimpleNamespace
 
     from cnnlab.trace import recorder as module
 
+    record_ns = 1_000  # what a record takes on the fake clock
     clock_ns = [0]
-    waits_ns = iter([5_000_000, 3_000_000, 10_000, 1])  # the third is under ANCHOR_WAIT_NS
+    waits_ns = iter(wait * 1_000 for wait in waits_us)
 
     class WaitedEvent:
         made: list[WaitedEvent] = []
@@ -201,25 +209,50 @@ def test_a_stream_s_anchor_is_the_tightest_of_its_waits(monkeypatch: pytest.Monk
             WaitedEvent.made.append(self)
 
         def record(self, stream: object) -> None:
-            clock_ns[0] += 1_000
+            clock_ns[0] += record_ns
 
         def synchronize(self) -> None:
             clock_ns[0] += next(waits_ns)
 
     monkeypatch.setattr(module, "time", SimpleNamespace(perf_counter_ns=lambda: clock_ns[0]))
     event, anchor_ns = module._anchor(SimpleNamespace(Event=WaitedEvent), object())
-    assert len(WaitedEvent.made) == 3 and event is WaitedEvent.made[2]
-    assert anchor_ns == (1_000 + 5_000_000) + (1_000 + 3_000_000) + (1_000 + 10_000) // 2
+    assert len(WaitedEvent.made) == tries and event is WaitedEvent.made[kept]
+    before = sum(record_ns + wait * 1_000 for wait in waits_us[:kept])
+    after = before + record_ns + waits_us[kept] * 1_000
+    assert anchor_ns == (before + after) // 2
+
+
+def test_a_context_s_anchor_serves_its_streams(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A context anchored as it is made places every stream of it from that anchor, with no event of their own; a stream
+    of a context with none takes its own as its track is made."""
+    import cnnlab.cuda.driver
+    from cnnlab.trace.recorder import Recorder
+
+    recorder, context = Recorder(), [11]
+    recorder.nvtx, recorder.driver = None, FakeDriver()
+    monkeypatch.setattr(cnnlab.cuda.driver, "current_context", lambda: context[0])
+    monkeypatch.setattr(FakeEvent, "made", 0)
+    monkeypatch.setattr(FakeEvent, "clock_ms", 1.0)
+    recorder.anchor()
+    anchor_ns = recorder._anchors[11][1]
+    FakeEvent.clock_ms = 2.0  # the streams' tracks made later: their spans still placed from the context's anchor
+    first, second = recorder.stream_track(object()), recorder.stream_track(object())
+    assert FakeEvent.made == 1 and first.anchor_ns == second.anchor_ns == anchor_ns and first.anchor is second.anchor
+    context[0] = 12
+    third = recorder.stream_track(object())
+    assert FakeEvent.made == 2 and third.anchor is not first.anchor and third.anchor.at_ms == 2.0
 
 
 def test_stream_spans_share_a_group_s_boundaries_and_reuse_settled_events(monkeypatch: pytest.MonkeyPatch) -> None:
     """A group's spans queued back to back: each after the first starts at its predecessor's end (one event a span), and
     a group that follows starts at the stream's last span's end, but never at one settled before it; a group runs from
     its first span's start to its last one's end; settled events are recorded again, not made anew."""
+    import cnnlab.cuda.driver
     from cnnlab.trace.recorder import GPU_PID, Recorder
 
     recorder, stream = Recorder(), object()
     recorder.nvtx, recorder.driver = None, FakeDriver()
+    monkeypatch.setattr(cnnlab.cuda.driver, "current_context", lambda: 11)  # a context not anchored as it was made
     monkeypatch.setattr(FakeEvent, "made", 0)
     monkeypatch.setattr(FakeEvent, "clock_ms", 1.0)
     track = recorder.stream_track(stream)  # its anchor at 1.0 ms on the fake clock

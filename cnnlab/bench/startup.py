@@ -43,29 +43,37 @@ for thread in threads:
     thread.start()
 for thread in threads:
     thread.join()
-assert all(started)
+assert started.count(True) == len(threads)
 print(start, time.perf_counter())
 """
+
+
+DRIVER_START_TIMEOUT = 60  # seconds: a driver that has not started a GPU by then is stuck, and so is its figure
 
 
 def driver_starts(shown: list[str], contexts: int = 1, script: str = DRIVER_START) -> float | None:
     """A bare interpreter for each of `shown` started at once, each shown those GPUs (CUDA_VISIBLE_DEVICES) and
     retaining the primary contexts of its first `contexts`: seconds from the first one's start of the driver to the last
-    one's contexts ready; None where one fails (no driver, no such GPU)."""
-    processes = [
-        subprocess.Popen([sys.executable, "-S", "-c", script, str(contexts)], stdout=subprocess.PIPE,
-                         stderr=subprocess.DEVNULL, text=True, env=few_queues({**os.environ, VISIBLE: gpus}))
-        for gpus in shown
-    ]  # fmt: skip
-    began, ready, failed = [], [], False
-    for process in processes:  # each one waited for, whatever the others did
-        marks = process.communicate()[0].split()
-        if process.returncode != 0 or len(marks) != 2:
-            failed = True
-            continue
-        began.append(float(marks[0]))
-        ready.append(float(marks[1]))
-    return None if failed else max(ready) - min(began)
+    one's contexts ready; None where one fails (no driver, no such GPU) or hangs. Every one is waited for, and any
+    still running when this fails (a signal, a timeout) is killed first."""
+    processes: list[subprocess.Popen[str]] = []
+    try:
+        for gpus in shown:
+            processes.append(subprocess.Popen(
+                [sys.executable, "-S", "-c", script, str(contexts)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                text=True, env=few_queues({**os.environ, VISIBLE: gpus}),
+            ))  # fmt: skip
+        marks = [process.communicate(timeout=DRIVER_START_TIMEOUT)[0].split() for process in processes]
+    except subprocess.TimeoutExpired:
+        return None
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+    if any(process.returncode != 0 or len(mark) != 2 for process, mark in zip(processes, marks)):
+        return None
+    return max(float(ready) for _, ready in marks) - min(float(began) for began, _ in marks)
 
 
 SETTLE_SECONDS = 0.5
@@ -95,50 +103,55 @@ def bench_startup(options: BenchOptions) -> tuple[list[Startup], list[str]]:
     shown = os.environ.get(VISIBLE, "0")
     for _ in range(options.repeats):
         start = time.perf_counter()
-        seconds = driver_starts([shown])
+        floor_seconds = driver_starts([shown])
         floor.append(time.perf_counter() - start)
-        if seconds is None:
+        if floor_seconds is None:
             notes.append("start-up floor not measured: no CUDA driver or GPU answered")
             break
-        driver_start.append(seconds)
-    if len(driver_start) == options.repeats:
+        driver_start.append(floor_seconds)
+    driver_answered = len(driver_start) == options.repeats
+    if driver_answered:
         rows.append(_startup("floor: cuInit and the primary context alone (ctypes, in C's time)", driver_start))
         rows.append(_startup("a bare process that starts the driver, exec to exit (its exit tears down)", floor))
     data = resource_dir("data")
     with tempfile.TemporaryDirectory(prefix="cnnlab-bench-") as folder:
-        for mode in ("cpu", "cuda") if rows else ("cpu",):
+        for mode in ("cpu", "cuda") if driver_answered else ("cpu",):
             command = [sys.executable, "-m", "cnnlab", mode, str(data / "cnn.csv"), str(data / "in.csv"), str(Path(folder) / "out.csv")]
             try:
                 _wall(command)
-                seconds_of = [_wall(command) for _ in range(options.repeats)]
+                walls = [_wall(command) for _ in range(options.repeats)]
             except subprocess.CalledProcessError as error:
                 notes.append(f"start-up of cnnlab {mode} not measured: {(error.stderr or b'').decode().strip()[:200]}")
                 continue
-            rows.append(_startup(f"cnnlab {mode}, the default data (4 images), whole process", seconds_of))
+            rows.append(_startup(f"cnnlab {mode}, the default data (4 images), whole process", walls))
     gpus = machine_count() or 0
-    if rows and gpus > 1:
+    if driver_answered and gpus > 1:
         if VISIBLE in os.environ:
             notes.append(f"several GPUs' start not measured: {VISIBLE} is set, and the rows need every GPU")
         else:
-            rows += _several_gpus(gpus, options.repeats)
+            rows += _several_gpus(gpus, options.repeats, notes)
     return rows, notes
 
 
-def _several_gpus(gpus: int, repeats: int) -> list[Startup]:
+def _several_gpus(gpus: int, repeats: int, notes: list[str]) -> list[Startup]:
     """For 2..`gpus` GPUs, the driver's start in one process shown them all and in as many processes at once, in turns
-    after a settle, each the median of `repeats`; a figure that failed (a GPU taken meanwhile) is left out."""
+    after a settle, each the median of `repeats`; a start that failed (a GPU taken meanwhile) is left out, with a note."""
     rows = []
     for count in range(2, gpus + 1):
         numbers = [str(gpu) for gpu in range(count)]
-        ways = {
+        measures = {
             f"driver's start: {count} GPUs in one process, a thread each": partial(driver_starts, [",".join(numbers)], count),
             f"driver's start: {count} processes at once, a GPU each": partial(driver_starts, numbers),
         }
-        seconds: dict[str, list[float]] = {name: [] for name in ways}
+        figures: dict[str, list[float]] = {name: [] for name in measures}
         for _ in range(repeats):
-            for name, start in ways.items():
+            for name, measure in measures.items():
                 time.sleep(SETTLE_SECONDS)
-                if (took := start()) is not None:
-                    seconds[name].append(took)
-        rows += [_startup(name, took) for name, took in seconds.items() if took]
+                if (seconds := measure()) is not None:
+                    figures[name].append(seconds)
+        for name, seconds_each in figures.items():
+            if len(seconds_each) < repeats:
+                notes.append(f"{name}: {repeats - len(seconds_each)} of {repeats} starts failed and are left out")
+            if seconds_each:
+                rows.append(_startup(name, seconds_each))
     return rows

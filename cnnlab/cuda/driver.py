@@ -134,10 +134,8 @@ def _retain(cuda: ctypes.CDLL, ordinal: int) -> None:
 
 
 # A context's hardware queues, where the user has not set CUDA_DEVICE_MAX_CONNECTIONS (default 8): the driver makes
-# them with the context, whose cost grows with their number. On the H100 machine the primary context took 61-89 ms with 1, 79-89
-# with 2, 107-108 with 4 and 178-216 with 8 (two rounds), while the loops of cnnlab cuda on 15,000 and 30,000 CSV
-# images and 100,000 .npy images ran as fast with 2 as with 8 (three turns; with 1 the CSV loop slowed up to 1.4x):
-# the streams that share a queue are the copier's, whose copies share the copy engines anyway, and the lanes'.
+# them with the context, whose cost grows with their number (on the H100 machine 79-89 ms with 2, 178-216 ms with 8),
+# while cnnlab cuda's loops ran as fast with 2 as with 8 and slower with 1 (docs/gpu.md, BENCHMARKS.md section 3).
 CONNECTIONS = "CUDA_DEVICE_MAX_CONNECTIONS"
 QUEUES = 2
 Environment = TypeVar("Environment", bound=MutableMapping[str, str])
@@ -214,6 +212,14 @@ def context_lost(driver: Driver) -> bool:
     except driver.Error:
         return True
     return False
+
+
+def current_context() -> int:
+    """The calling thread's current context as the driver's handle (0: none), to tell contexts apart: PyCUDA's Context
+    objects are made anew by each get_current()."""
+    context = ctypes.c_void_p()
+    checked(ctypes.CDLL("libcuda.so.1").cuCtxGetCurrent(ctypes.byref(context)), "cuCtxGetCurrent")
+    return context.value or 0
 
 
 def synchronize_stream(handle: int) -> None:
