@@ -328,11 +328,6 @@ class Tracer(Protocol):
         """Place the finished work of `stream`'s spans on the host's clock (while its context is current)."""
         ...
 
-    def anchor(self) -> None:
-        """Place the current CUDA context's clock on the host's, now that nothing is queued in it: a stream's spans are
-        placed through it, where an event waited for later could wait behind other streams' work."""
-        ...
-
 
 class _NoTrace:
     """The Tracer of a run without --trace."""
@@ -357,9 +352,6 @@ class _NoTrace:
         return module
 
     def settle(self, stream: Any) -> None:
-        pass
-
-    def anchor(self) -> None:
         pass
 
 

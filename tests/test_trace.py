@@ -222,37 +222,14 @@ def test_a_stream_s_anchor_is_the_tightest_of_its_waits(
     assert anchor_ns == (before + after) // 2
 
 
-def test_a_context_s_anchor_serves_its_streams(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A context anchored as it is made places every stream of it from that anchor, with no event of their own; a stream
-    of a context with none takes its own as its track is made."""
-    import cnnlab.cuda.driver
-    from cnnlab.trace.recorder import Recorder
-
-    recorder, context = Recorder(), [11]
-    recorder.nvtx, recorder.driver = None, FakeDriver()
-    monkeypatch.setattr(cnnlab.cuda.driver, "current_context", lambda: context[0])
-    monkeypatch.setattr(FakeEvent, "made", 0)
-    monkeypatch.setattr(FakeEvent, "clock_ms", 1.0)
-    recorder.anchor()
-    anchor_ns = recorder._anchors[11][1]
-    FakeEvent.clock_ms = 2.0  # the streams' tracks made later: their spans still placed from the context's anchor
-    first, second = recorder.stream_track(object()), recorder.stream_track(object())
-    assert FakeEvent.made == 1 and first.anchor_ns == second.anchor_ns == anchor_ns and first.anchor is second.anchor
-    context[0] = 12
-    third = recorder.stream_track(object())
-    assert FakeEvent.made == 2 and third.anchor is not first.anchor and third.anchor.at_ms == 2.0
-
-
 def test_stream_spans_share_a_group_s_boundaries_and_reuse_settled_events(monkeypatch: pytest.MonkeyPatch) -> None:
     """A group's spans queued back to back: each after the first starts at its predecessor's end (one event a span), and
     a group that follows starts at the stream's last span's end, but never at one settled before it; a group runs from
     its first span's start to its last one's end; settled events are recorded again, not made anew."""
-    import cnnlab.cuda.driver
     from cnnlab.trace.recorder import GPU_PID, Recorder
 
     recorder, stream = Recorder(), object()
     recorder.nvtx, recorder.driver = None, FakeDriver()
-    monkeypatch.setattr(cnnlab.cuda.driver, "current_context", lambda: 11)  # a context not anchored as it was made
     monkeypatch.setattr(FakeEvent, "made", 0)
     monkeypatch.setattr(FakeEvent, "clock_ms", 1.0)
     track = recorder.stream_track(stream)  # its anchor at 1.0 ms on the fake clock

@@ -140,8 +140,6 @@ class CudaContext:
             self._context = gpu.retain_primary_context()
             self._context.push()
         try:
-            with device_errors("cannot start CUDA"):
-                trace.anchor()  # nothing is queued in the context yet: the trace's clock is placed now (docs/trace.md)
             if copier_ahead:
                 making = ThreadPoolExecutor(1, thread_name_prefix="cnnlab-copier")
                 self._copier_making = making.submit(self._make_copier)

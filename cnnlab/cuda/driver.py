@@ -214,14 +214,6 @@ def context_lost(driver: Driver) -> bool:
     return False
 
 
-def current_context() -> int:
-    """The calling thread's current context as the driver's handle (0: none), to tell contexts apart: PyCUDA's Context
-    objects are made anew by each get_current()."""
-    context = ctypes.c_void_p()
-    checked(ctypes.CDLL("libcuda.so.1").cuCtxGetCurrent(ctypes.byref(context)), "cuCtxGetCurrent")
-    return context.value or 0
-
-
 def synchronize_stream(handle: int) -> None:
     """Wait for the work queued on a stream that another library made (a device array's producer, which
     `__cuda_array_interface__` names as a driver handle: 1 and 2 are the default streams). PyCUDA wraps

@@ -7,9 +7,8 @@ timed with). A stream's spans are marks: CUDA events recorded on the stream, eac
 mark before it. A span opens with a mark of its own, unless it is queued right after the work the last mark ends (a
 group's spans after its first, and a group that follows the stream's last span): recording an event is most of what a
 stream span costs the thread that queues the run's work. settle() places the marks on the host's clock through an
-anchor: an event recorded where nothing is queued (on the context's default stream as it is made, or else on the stream
-when its track is first needed) and waited for, taken to have happened midway between its record and the end of the
-wait (the tightest of a few such waits). Where the `nvtx` package imports, every span is also an NVTX range
+anchor: an event recorded on the idle stream and waited for, taken to have happened midway between its record and the
+end of the wait (the tightest of a few such waits). Where the `nvtx` package imports, every span is also an NVTX range
 of the same name on its thread, for Nsight Systems.
 """
 
@@ -164,9 +163,9 @@ ANCHOR_WAIT_NS = 20_000  # an event on an idle stream is waited for in a few mic
 
 
 def _anchor(driver: Any, stream: Any) -> tuple[Any, int]:
-    """An event recorded on the idle stream (None: the default stream) and waited for, and the host's time of it:
-    midway through the tightest of a few waits. On a busy host the waiting thread may run again only milliseconds
-    after the event, and a midpoint half of that late would place every span of the stream as late."""
+    """An event recorded on the idle stream and waited for, and the host's time of it: midway through the tightest of
+    a few waits. On a busy host the waiting thread may run again only milliseconds after the event, and a midpoint half
+    of that late would place every span of the stream as late."""
     best: tuple[int, Any, int] | None = None  # the wait's ns, its event, its midpoint
     for _ in range(ANCHOR_TRIES):
         event = driver.Event()
@@ -203,7 +202,6 @@ class Recorder:
         self._names: dict[tuple[int, int], str] = {}
         self._naming = threading.Lock()
         self._streams: dict[int, _StreamTrack] = {}
-        self._anchors: dict[int, tuple[Any, int]] = {}  # by context (the driver's handle): its anchor and its host time
         self._origin = time.perf_counter_ns()  # the trace's time 0
         self.stream_events = 0  # the CUDA events the stream spans recorded: what they cost the thread that queues work
         self.main_tid = threading.get_native_id()
@@ -259,33 +257,19 @@ class Recorder:
         with self._naming:
             self._names.setdefault((pid, tid), name)
 
-    def anchor(self) -> None:
-        """Take the current context's anchor on its default stream, while nothing is queued in it (CudaContext calls
-        this as it is made): with more streams than hardware queues (two, as the command line makes contexts), an
-        event on a stream can wait behind another stream's copies, and an anchor taken later would be late."""
-        from cnnlab.cuda.driver import current_context
-
-        self._anchors[current_context()] = _anchor(self._driver(), None)
-
-    def _driver(self) -> Any:
+    def stream_track(self, stream: Any) -> _StreamTrack:
+        """The stream's track, made with its anchor the first time (the stream is idle then: nothing was queued on it yet
+        in this trace that a span did not wait for)."""
+        track = self._streams.get(id(stream))
+        if track is not None:
+            return track
         if self.driver is None:
             from cnnlab.cuda.driver import import_driver
 
             self.driver = import_driver()
-        return self.driver
-
-    def stream_track(self, stream: Any) -> _StreamTrack:
-        """The stream's track, made the first time, with its context's anchor (anchor()), or one taken on the stream
-        itself where its context has none (the stream is idle then: nothing was queued on it yet in this trace that a
-        span did not wait for)."""
-        track = self._streams.get(id(stream))
-        if track is not None:
-            return track
-        from cnnlab.cuda.driver import current_context
-
-        anchor, anchor_ns = self._anchors.get(current_context()) or _anchor(self._driver(), stream)
+        anchor, anchor_ns = _anchor(self.driver, stream)
         with self._naming:  # several GPUs' threads (--devices) number their streams at once
-            track = self._streams[id(stream)] = _StreamTrack(len(self._streams) + 1, stream, anchor, anchor_ns, self._driver())
+            track = self._streams[id(stream)] = _StreamTrack(len(self._streams) + 1, stream, anchor, anchor_ns, self.driver)
             self._names[(GPU_PID, track.tid)] = f"stream {track.tid}"
         return track
 
