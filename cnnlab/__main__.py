@@ -1,7 +1,7 @@
 """`python -m cnnlab` and the `cnnlab` command: the command line (cnnlab.cli.main).
 
 Before anything heavy is imported: SIGINT and SIGTERM become one-line exits (cnnlab.interrupts),
-OpenBLAS is given no more threads than an address-space limit (ulimit -v) leaves room for (each
+OpenBLAS is given no more threads than an address-space limit (ulimit -v) leaves space for (each
 reserves ~40 MB when numpy is imported, and OpenBLAS gives up with its own message when it cannot),
 and in cuda mode the driver starts while numpy is imported and the CNN read, its teardown left to a helper.
 """
@@ -108,7 +108,7 @@ def _hold_standard_error() -> None:
 
 def _share_one_malloc_arena() -> None:
     """Have every thread allocate from glibc's one main arena: by default each thread that allocates gets an arena of its
-    own, 64 MB of address space reserved each, which under an address-space limit leaves a run's buffers no room (a
+    own, 64 MB of address space reserved each, which under an address-space limit leaves a run's buffers no space (a
     200-image CSV file under 300 MB failed on two threads; with one arena it runs under 200 MB). Before any thread starts."""
     import ctypes
 

@@ -21,7 +21,7 @@ from cnnlab.errors import ArrayError, UsageError
 from cnnlab.files.formats import open_images
 from cnnlab.files.labcsv import read_cnn
 from cnnlab.network import INPUT_DIM, OUT_LAYER_SIZE, Cnn, ImageBatch, require_finite
-from cnnlab.run import fill_images
+from cnnlab.run_inputs import fill_images
 
 
 def load_cnn(path: str | os.PathLike[str]) -> Cnn:

@@ -1,6 +1,6 @@
 """What a run needs of a backend: the Backend protocol that the CPU and CUDA backends share, Batch (what its compute()
 takes) and TextBatching (how a backend that parses CSV itself takes its text); a backend with a device of its own takes
-a file's images into its rooms (network.py's DeviceRoom).
+a file's bytes into its device buffers (network.py's ImageBuffer and CsvDoubleBuffer).
 
 Batch joins the three kinds of batch a run reads: images in host memory (network.py's ImageBatch), the input file's
 text (files/csv_batch.py's CsvBatch, which the reader makes), and images copied from a file into a backend's device
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from cnnlab.files.csv_batch import CsvBatch
-from cnnlab.network import DeviceRoom, ImageBatch, OutputBatch, RoomImages, TextRooms
+from cnnlab.network import CsvDoubleBuffer, ImageBatch, ImageBuffer, OutputBatch
 
 if TYPE_CHECKING:
     from typing import Self
@@ -23,17 +23,17 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class DeviceBatch:
-    """The first `count` images of a device room, filled from a file or parsed from its text."""
+    """The first `count` images of an image buffer, filled from a file or parsed from its text."""
 
-    room: RoomImages
+    buffer: ImageBuffer
     count: int
 
     def __len__(self) -> int:
         return self.count
 
 
-# What compute() takes: a batch of images, (where csv_text is set) a batch of the input file's text, or (from a room
-# device_room() made) images in the backend's device memory.
+# What compute() takes: a batch of images, (where csv_text is set) a batch of the input file's text, or (from an image
+# buffer the backend made) images in its device memory.
 Batch = ImageBatch | CsvBatch | DeviceBatch
 
 
@@ -71,16 +71,16 @@ class Backend(Protocol):
         """Give back a buffer allocate_images() made (a GPU's is page-locked until then, whatever holds the array)."""
         ...
 
-    def device_room(self, count: int) -> DeviceRoom | None:
-        """Room in the backend's device memory for up to `count` images (as many as suit it: its `capacity`, the batch)
-        that a regular file's bytes are copied straight into (a DeviceBatch for compute()), to be freed when the run is
-        over; None where there is no such way (the CPU)."""
+    def image_buffer(self, count: int) -> ImageBuffer | None:
+        """An image buffer in the backend's device memory for up to `count` images (as many as suit it: its `capacity`,
+        the batch) that a regular file's bytes are copied straight into (a DeviceBatch for compute()), to be freed when
+        the run is over; None where there is no such way (the CPU)."""
         ...
 
-    def text_rooms(self, image_bytes: float) -> TextRooms | None:
-        """Rooms in the backend's device memory that a regular CSV file's text (`image_bytes` an image) is copied
-        straight into and parsed in (DeviceBatches of their images for compute()), to be freed when the run is over;
-        None where there is no such way (the CPU, or where the host parses CSV)."""
+    def csv_double_buffer(self, image_bytes: float) -> CsvDoubleBuffer | None:
+        """A double buffer in the backend's device memory that a regular CSV file's text (`image_bytes` an image) is
+        copied straight into and parsed in (DeviceBatches of its images for compute()), to be freed when the run is
+        over; None where there is no such way (the CPU, or where the host parses CSV)."""
         ...
 
     def allocate_text(self, nbytes: int) -> np.ndarray:

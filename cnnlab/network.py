@@ -1,5 +1,5 @@
-"""The network's constants and typed containers (the lab's cnn.rs), the Tracer protocol that a run's parts time
-themselves through, and DeviceRoom, a backend's device memory that a file's images are copied straight into.
+"""The network's constants, the glossary of cnnlab's words, and its typed containers (the lab's cnn.rs), with the two
+kinds of device memory a file's bytes go straight into: ImageBuffer and CsvDoubleBuffer.
 
 Each container checks shape, dtype and contiguity once, when it is made, so the backends
 can trust what they are handed.
@@ -11,7 +11,6 @@ import errno
 import mmap
 import os
 import resource
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -22,21 +21,36 @@ from cnnlab.errors import ArrayError, ResourceError, UsageError, byte_size, memo
 if TYPE_CHECKING:
     import threading
 
-# One word per idea for sizes, everywhere in cnnlab:
+# One word per idea, everywhere in cnnlab (code, docs, the bench). Sizes:
 #   image    one 100x100 input matrix; its outputs are one row of OUT_LAYER_SIZE values.
 #   batch    the images of one backend.compute() call; a run's host buffers hold one batch (--batch).
 #   step     the images one reader.read_into() call fills: a batch is read a step at a time.
 #   pass     (CPU) the images one vectorised numpy pass computes, sized to stay in cache.
-#   chunk    (GPU) the images a lane holds on the device and runs through both kernels at once.
-#   lane     (GPU) a CUDA stream with the device buffers of one chunk.
+#   chunk    (GPU) the images one chunk stream holds on the device and runs through the kernels at once.
 #   segment  (GPU) a slice of the 4000 flattened values: flattened_to_dense writes one partial dot
 #            product per segment, and the host adds them up.
+#   shard    (GPU) one GPU's part of a batch, where several GPUs compute it (cuda/multi_gpu.py).
 #   window   (CSV) a host buffer the file's bytes are read into (page-locked for the GPU); two take turns.
 #   span     (CSV) the whole lines of a window that make one batch (or one step).
 #   piece    (CSV) a span's lines cut for one parse: 16 images for a host thread, a chunk for the GPU
 #            (kernel/csv.cu and cuda/csv_parser.py call the piece they parse a "block").
-#   share    (CSV) the bytes of a window one thread walks when a span is cut into pieces.
-#   A CUDA "thread block" is always called that in full.
+#   range    (CSV, GPU) the bytes of a regular file one text buffer takes, cut just after a row.
+# Buffers and schedules:
+#   slot           one of a run's reader turns (two with read-ahead): a host buffer it fills, or only a turn
+#                  where the input fills none (run.py).
+#   staging buffer a page-locked host buffer that pageable bytes are copied into on their way to the device: a
+#                  chunk stream's, and the file copier's (two a thread, each a task of the file).
+#   chunk stream   (GPU) a CUDA stream with the device buffers of one chunk; a batch's chunks are dealt
+#                  round-robin over the chunk streams (cuda/chunk_streams.py).
+#   image buffer   (GPU) device memory for a batch of images, filled straight from a .npy file by the file
+#                  copier, or parsed into from CSV text; its `ready` event says the fill has arrived.
+#   text buffer    (GPU) device memory for a range of a CSV file's text, filled by the file copier.
+#   double buffer  (GPU) two text buffers and two image buffers taking turns: one fills while the other is
+#                  parsed or computed (cuda/csv_double_buffer.py numbers the steps).
+#   task           the bytes one host copy thread takes at a time (4 MiB: cuda/memory.py's TASK_BYTES).
+#   file copier    (GPU) the threads that read a file's bytes into staging buffers and copy them to a device
+#                  buffer, a task at a time (cuda/file_copier.py).
+#   A CUDA "thread block" is always called that in full; a "lane" is only ever a thread of a warp.
 INPUT_DIM = 100  # an image is INPUT_DIM x INPUT_DIM
 FILTER_DIM = 5  # each convolution filter is FILTER_DIM x FILTER_DIM, applied at stride FILTER_DIM
 CONV_LAYER_SIZE = 10  # number of filters
@@ -102,7 +116,7 @@ ADDRESS_SPACE_RESERVE = 64 << 20
 
 
 def fits(nbytes: int, threads: int) -> bool:
-    """Whether `nbytes` more can be mapped under the address-space limit (ulimit -v), where one is set, with room to spare
+    """Whether `nbytes` more can be mapped under the address-space limit (ulimit -v), where one is set, with space to spare
     for a run on `threads` threads (ADDRESS_SPACE_RESERVE)."""
     limit = resource.getrlimit(resource.RLIMIT_AS)[0]
     if limit == resource.RLIM_INFINITY:
@@ -231,128 +245,57 @@ class OutputBatch:
         return len(self.values)
 
 
-class DeviceRoom(Protocol):
-    """Device memory for `capacity` images, which a file's bytes are copied into with no stop in a host buffer of the
-    run's (a backend's device_room())."""
+class ImageBuffer(Protocol):
+    """Device memory for `capacity` images that compute() reads where they lie (a DeviceBatch's): filled straight from a
+    file's bytes with no stop in a host buffer of the run's (a backend's image_buffer()), or parsed from CSV text on the
+    device (a CsvDoubleBuffer's)."""
 
     capacity: int
 
     def fill(self, fd: int, offset: int, count: int, stop: threading.Event) -> int:
-        """Copy `count` images' bytes of the file `fd` from `offset` into the room's first images: the bytes copied, fewer
-        where the file ends first; where `stop` is set (the run is ending) the copy stops early and the batch is
+        """Copy `count` images' bytes of the file `fd` from `offset` into the buffer's first images: the bytes copied,
+        fewer where the file ends first; where `stop` is set (the run is ending) the copy stops early and the batch is
         dropped, whatever the count."""
         ...
 
     def host_copy(self, count: int) -> np.ndarray:
-        """The room's first `count` images, copied back to the host: to name the image a compute() refused."""
+        """The buffer's first `count` images, copied back to the host: to name the image a compute() refused."""
         ...
 
     def free(self) -> None:
-        """Give the room's device memory back (the run that asked for it is over)."""
+        """Give the buffer's device memory back (the run that asked for it is over)."""
         ...
 
 
-class RoomImages(Protocol):
-    """Images in a backend's device memory, which its compute() reads where they lie (a DeviceBatch's)."""
-
-    def host_copy(self, count: int) -> np.ndarray:
-        """The room's first `count` images, copied back to the host: to name the image a compute() refused."""
-        ...
-
-
-class TextRooms(Protocol):
-    """Device memory that a regular CSV file's text is copied into with no stop in a host buffer, and parsed there into
-    rooms of images (a backend's text_rooms()): two text rooms, so that one fills while the other parses."""
+class CsvDoubleBuffer(Protocol):
+    """Two text buffers in device memory that a regular CSV file's ranges are copied into with no stop in a host buffer,
+    and two image buffers they are parsed into there (a backend's csv_double_buffer()): one text buffer fills while the
+    other is parsed, one image buffer is parsed into while the other's images are computed."""
 
     text_bytes: int  # the most text a fill takes
 
     def start_fill(self, fd: int, offset: int, nbytes: int, stop: threading.Event) -> None:
-        """Start copying `nbytes` of the file `fd` from `offset` into the next text room (two fills may be under way, the
-        second's room one whose text parsed() has returned), on threads of the backend's, while the caller goes on;
-        where `stop` is set (the run is ending) the copy stops early."""
+        """Start copying `nbytes` of the file `fd` from `offset` into the next text buffer (two fills may be under way,
+        the second's buffer one whose text parsed() has returned), on threads of the backend's, while the caller goes
+        on; where `stop` is set (the run is ending) the copy stops early."""
         ...
 
     def filled(self) -> int:
-        """Wait for the oldest fill not yet waited for: the bytes copied, fewer where the file ends first (or where `stop`
-        was set)."""
+        """Wait for the oldest fill not yet waited for: the bytes copied, fewer where the file ends first (or where
+        `stop` was set)."""
         ...
 
     def parse(self, nbytes: int, file_row: int, carry: int, separated: bool) -> None:
-        """Queue the parse of the oldest filled text room (its first `nbytes`, from the file's row `file_row`: a room
-        starts just after a row) into an image room, after the `carry` rows of an image the last parse left unfinished;
-        `separated`: the file has a blank line before every image after the first (files/rows.py's Layout)."""
+        """Queue the parse of the oldest filled text buffer (its first `nbytes`, from the file's row `file_row`: a range
+        starts just after a row) into an image buffer, after the `carry` rows of an image the last parse left
+        unfinished; `separated`: the file has a blank line before every image after the first (files/rows.py)."""
         ...
 
-    def parsed(self, carry: int, path: str | os.PathLike[str]) -> tuple[int, RoomImages] | None:
-        """Wait for the last parse: the rows it found and the room of images that holds them after the `carry` rows;
-        None where it found a bad row (the file `path`'s reader names it)."""
+    def parsed(self, carry: int, path: str | os.PathLike[str]) -> tuple[int, ImageBuffer] | None:
+        """Wait for the last parse: the rows it found and the image buffer that holds them after the `carry` rows; None
+        where it found a bad row (the file `path`'s reader names it)."""
         ...
 
     def free(self) -> None:
-        """Give the rooms' device memory back (the run that asked for them is over)."""
+        """Give the buffers' device memory back (the run that asked for them is over)."""
         ...
-
-
-class Tracer(Protocol):
-    """What a run's parts tell --trace of their time (cnnlab/trace/recorder.py records it). NO_TRACE, where no trace was
-    asked for, records nothing and imports nothing: a span then costs a call."""
-
-    enabled: bool
-
-    @property
-    def per_chunk(self) -> Tracer:
-        """What gets each GPU chunk's spans (its copies, parse and kernels on its stream, the main thread's waits for it):
-        the tracer itself where they were asked for (--trace-chunks), else NO_TRACE, and a span of each batch's work on
-        each stream instead: a chunk's events cost the thread that queues the work more than the trace may (docs/trace.md)."""
-        ...
-
-    def span(self, name: str, stream: Any = None, **args: Any) -> AbstractContextManager[object]:
-        """A span named `name` of this thread's time, or, given a CUDA stream, of the work queued on it meanwhile."""
-        ...
-
-    def group(self, name: str, stream: Any, follows: bool = False, **args: Any) -> AbstractContextManager[object]:
-        """A span of a CUDA stream whose time is that of the stream spans it holds (no events of its own: they cost).
-        `follows`: it is queued right after the stream's last span, so its first span starts at that one's end."""
-        ...
-
-    def pieces(self, name: str, times: np.ndarray, nbytes: np.ndarray, thread: str) -> None:
-        """Spans timed in native code, one a row of `times` (pool worker, thread id, start and end ns on perf_counter_ns's
-        clock), each of `nbytes` bytes, on its thread's track (named `thread`.format(worker=...) where it has no name)."""
-        ...
-
-    def launches(self, module: Any) -> Any:
-        """A CUDA module whose kernels' launches are spans on their streams."""
-        ...
-
-    def settle(self, stream: Any) -> None:
-        """Place the finished work of `stream`'s spans on the host's clock (while its context is current)."""
-        ...
-
-
-class _NoTrace:
-    """The Tracer of a run without --trace."""
-
-    enabled = False
-    _nothing = nullcontext()
-
-    @property
-    def per_chunk(self) -> Tracer:
-        return self
-
-    def span(self, name: str, stream: Any = None, **args: Any) -> AbstractContextManager[object]:
-        return self._nothing
-
-    def group(self, name: str, stream: Any, follows: bool = False, **args: Any) -> AbstractContextManager[object]:
-        return self._nothing
-
-    def pieces(self, name: str, times: np.ndarray, nbytes: np.ndarray, thread: str) -> None:
-        pass
-
-    def launches(self, module: Any) -> Any:
-        return module
-
-    def settle(self, stream: Any) -> None:
-        pass
-
-
-NO_TRACE: Tracer = _NoTrace()

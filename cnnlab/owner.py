@@ -1,8 +1,8 @@
-"""BackendOwner: a backend made, used and closed on a thread of its own, for the GPUs of a Spread (cuda/spread.py) and
-the backends of Dask's workers (dask_forward.py).
+"""BackendOwner: a backend made, used and closed on a thread of its own, for the GPUs of a MultiGpuBackend
+(cuda/multi_gpu.py) and the backends of Dask's workers (dask_forward.py).
 
-Not in run.py, beside the Prefetcher, the run's other thread: run.py imports cuda/spread.py (for --devices), and
-spread.py importing run.py back would close a circle. It imports only what a backend is (backend.py).
+Not in run.py, beside the Prefetcher, the run's other thread: run.py imports cuda/multi_gpu.py (for --devices), and
+multi_gpu.py importing run.py back would close a circle. It imports only what a backend is (backend.py).
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ if TYPE_CHECKING:
 
 
 class BackendOwner:
-    """A backend made (at once), used and closed on a thread of its own, named `name`: a CUDA context is current only on
-    the thread that made it, and a backend computes one call at a time, whatever threads submit them."""
+    """A backend made (at once), used and closed on a thread of its own, named `name`: a CudaContext computes and closes
+    on the thread that made it (cuda/context.py says the rule), and a backend computes one call at a time, whatever
+    threads submit them."""
 
     def __init__(self, make: Callable[[], Backend], name: str) -> None:
         # Imported here, as in submit(): a run on the CPU from a mapped .npy file owns no backend on a thread, and its

@@ -1,10 +1,9 @@
 """A whole run, as the lab's main.rs does it: read the input in batches, compute, write the outputs.
 
-A reader thread parses the next batch while this one computes, straight into the buffers the
-backend reads fastest from (page-locked ones for CUDA); a .npy file the CPU computes from is
-mapped instead, and its batches are handed over in place; a regular .npy file the GPU computes
-from is copied straight into its device memory (its rooms). A writer thread writes each batch's
-outputs to a regular file while the next computes.
+A reader thread reads the next batch while this one computes, where the backend reads fastest from
+(run_inputs.py: the kinds of input): page-locked host buffers or device buffers for CUDA, a mapping
+of a .npy file for the CPU. A writer thread writes each batch's outputs to a regular file while the
+next computes.
 
 Only backend.compute() is timed: the lab's "actual work", without reading or writing files.
 """
@@ -20,24 +19,18 @@ from collections.abc import Callable, Iterator
 from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
-from operator import methodcaller
-from typing import Any, TypeVar
+from typing import Any
 
-import numpy as np
-
-from cnnlab.backend import Backend, Batch, DeviceBatch
-from cnnlab.errors import ArrayError, DeviceError, InputFileError
+from cnnlab.backend import Backend, Batch
+from cnnlab.errors import ArrayError, InputFileError
 from cnnlab.files.csv_batch import CsvBatch
-from cnnlab.files.csv_on_device import CsvRangeReader
-from cnnlab.files.csv_reader import CsvImageReader
-from cnnlab.files.formats import ImageReader, OutputWriter, open_images, open_outputs
-from cnnlab.files.npy import VIEW_IMAGES, NpyImageReader
+from cnnlab.files.formats import OutputWriter, open_images, open_outputs
 from cnnlab.files.safety import OutputSet
 from cnnlab.interrupts import held, join_through_signals
-from cnnlab.network import IMAGE_BYTES, NO_TRACE, Cnn, DeviceRoom, ImageBatch, OutputBatch, TextRooms, Tracer, first_nonfinite, fits
+from cnnlab.network import Cnn, ImageBatch, OutputBatch, first_nonfinite
 from cnnlab.progress import Progress
-
-Made = TypeVar("Made")  # what _one_a_slot makes: a device room, a host buffer
+from cnnlab.run_inputs import open_input
+from cnnlab.tracing import NO_TRACE, Tracer
 
 
 @dataclass(frozen=True)
@@ -63,8 +56,8 @@ class Prefetcher:
     """Reads batches on a thread, one slot ahead, so that reading the next batch overlaps computing
     this one; yields them in input order.
 
-    `read(slot, stop)` fills a slot (a host buffer; for CSV text and a mapped .npy file nothing but a turn) with the next
-    batch, or returns None at the end; it checks `stop` between steps, so that leaving early never
+    `read(slot, stop)` fills a slot (a buffer, or only a turn: run_inputs.py) with the next batch, or returns None at
+    the end; it checks `stop` between steps, so that leaving early never
     waits for a whole batch, and never leaves the thread writing into a freed buffer. `trace` gets a span for the
     thread's start, per batch read and per wait for one.
     """
@@ -144,7 +137,7 @@ class WriteBehind:
     def __init__(self, output: OutputWriter, trace: Tracer = NO_TRACE, threaded: bool = True) -> None:
         self._output, self._trace = output, trace
         self._batches: queue.SimpleQueue[tuple[int, OutputBatch] | None] = queue.SimpleQueue()  # (batch number, outputs)
-        self._room = threading.Semaphore(self.QUEUED)
+        self._queue_space = threading.Semaphore(self.QUEUED)
         self._error: BaseException | None = None
         self._dropping = False
         self._handed = 0  # batches handed to write()
@@ -167,7 +160,7 @@ class WriteBehind:
             except BaseException as error:  # raised on the caller's thread
                 self._error = error
             finally:
-                self._room.release()
+                self._queue_space.release()
 
     def write(self, outputs: OutputBatch) -> None:
         number, self._handed = self._handed, self._handed + 1
@@ -175,9 +168,9 @@ class WriteBehind:
             return self._write(number, outputs)
         if self._error is not None:
             raise self._error
-        if not self._room.acquire(blocking=False):
+        if not self._queue_space.acquire(blocking=False):
             with self._trace.span("wait for writer"):
-                self._room.acquire()
+                self._queue_space.acquire()
         self._batches.put((number, outputs))
 
     def __enter__(self) -> WriteBehind:
@@ -195,95 +188,14 @@ class WriteBehind:
             raise self._error
 
 
-def fill_images(reader: ImageReader, buffer: np.ndarray, stop: threading.Event) -> ImageBatch | None:
-    """Read the next images into `buffer`, a reader's step at a time; None when there are none left."""
-    count = 0
-    while count < len(buffer) and not stop.is_set():
-        room = buffer[count : count + reader.step]
-        # The next call's images: the rest of this buffer's, a step at most, else the next buffer's (the slots are alike).
-        next_images = min(reader.step, len(buffer) - count - len(room) or len(buffer))
-        step = reader.read_into(room, next_images)
-        if not step:
-            break
-        count += step
-    return ImageBatch(buffer[:count]) if count else None
-
-
-def fit_batch(reader: ImageReader, batch_size: int, slots: int, threads: int) -> int:
-    """The batch, halved (and the reader's step with it) until `slots` image buffers of it and the reader's own memory fit
-    under an address-space limit (ulimit -v), where one is set: a modest file then runs under a modest limit, in smaller
-    steps, and only what cannot fit in a batch of one image is refused (as the allocation fails, in one line)."""
-    while batch_size > 1 and not fits(slots * batch_size * IMAGE_BYTES + reader.text_memory(min(reader.step, batch_size)), threads):
-        batch_size = (batch_size + 1) // 2
-    reader.step = min(reader.step, batch_size)
-    return batch_size
-
-
-def _view_images(reader: NpyImageReader, images: int, slot: Any, stop: threading.Event) -> ImageBatch | None:
-    """The next batch of a mapped .npy file, in place (nothing to fill: a slot is only a turn)."""
-    view = reader.next_view(images)
-    return ImageBatch(view) if len(view) else None
-
-
-def _device_rooms(backend: Backend, reader: ImageReader, slots: int) -> list[DeviceRoom]:
-    """A device room a slot, where the input is a regular .npy file and the backend has rooms (a GPU); else none."""
-    if not (isinstance(reader, NpyImageReader) and reader.seekable):
-        return []
-    return _one_a_slot(lambda made: backend.device_room(made[0].capacity if made else reader.count), methodcaller("free"), slots)
-
-
-def _one_a_slot(make: Callable[[list[Made]], Made | None], free: Callable[[Made], None], slots: int) -> list[Made]:
-    """What `make` makes (told what it made before) for each of `slots`, until it makes None; where one cannot be made,
-    those made before it are freed with `free`."""
-    made: list[Made] = []
-    try:
-        while len(made) < slots and (each := make(made)) is not None:
-            made.append(each)
-    except BaseException:
-        for each in made:
-            free(each)
-        raise
-    return made
-
-
-def _fill_room(reader: NpyImageReader, room: DeviceRoom, stop: threading.Event) -> DeviceBatch | None:
-    """The next batch of a regular .npy file, copied straight into a backend's device room (the copy stops with the
-    reader's `stop`, which is this `stop`)."""
-    count = reader.read_to_device(room)
-    return DeviceBatch(room, count) if count else None
-
-
-def _csv_on_device(backend: Backend, reader: ImageReader, trace: Tracer) -> CsvRangeReader | None:
-    """The reader of a regular CSV file's text into device rooms, where the backend has them (a GPU that parses CSV) and
-    the file's head says where its images begin; else None."""
-    if not isinstance(reader, CsvImageReader) or (start := reader.text_start()) is None:
-        return None
-    try:
-        rooms = backend.text_rooms(reader.size / reader.count)
-    except DeviceError:  # no room on the device for them: the text goes through the host's windows, as before
-        return None
-    return None if rooms is None else CsvRangeReader(reader, rooms, *start, trace)
-
-
-def _parse_on_device(text: CsvRangeReader, slot: Any, stop: threading.Event) -> DeviceBatch | None:
-    """The next whole images of a regular CSV file, parsed in a backend's device rooms (a slot is only a turn)."""
-    found = text.read(stop)
-    return None if found is None else DeviceBatch(*found)
-
-
-def _read_text(reader: CsvImageReader, images: int, chunk: int, slot: Any, stop: threading.Event) -> CsvBatch | None:
-    """The next batch of CSV text (the reader keeps its windows: a slot is only a turn)."""
-    return reader.read_text(images, chunk)
-
-
 def make_backend(
     mode: str, cnn: Cnn, batch_size: int | None, host_parse: bool = False, kernel: str | None = None, threads: int | None = None,
-    gpus: list[int] | None = None, trace: Tracer = NO_TRACE, rooms_ahead: bool = False,
+    gpus: list[int] | None = None, trace: Tracer = NO_TRACE, copier_ahead: bool = False,
 ) -> Backend:
     """The backend for `mode` on `threads` host threads; the CUDA one, running rung `kernel` of the ladder on the GPUs
-    `gpus` (default GPU 0; several: each batch spread over them), is imported only when asked for; its streams and
-    kernels tell `trace` their time; `rooms_ahead`: the input will be read into device rooms (a regular file), so the
-    copier that fills them is made while the kernels load."""
+    `gpus` (default GPU 0; several: each batch split into a shard a GPU), is imported only when asked for; its streams
+    and kernels tell `trace` their time; `copier_ahead`: the input will be copied straight into device buffers (a
+    regular file), so the file copier that fills them is made while the kernels load."""
     if mode == "cpu":
         from cnnlab.cpu.backend import CpuBackend
 
@@ -292,14 +204,14 @@ def make_backend(
     from cnnlab.cuda.ladder import DEFAULT_KERNEL, LaunchConfig
 
     gpus = gpus or [0]
-    share = None if batch_size is None else max(1, -(-batch_size // len(gpus)))  # a batch's images over the GPUs
+    shard = None if batch_size is None else max(1, -(-batch_size // len(gpus)))  # a batch's images over the GPUs
     config = LaunchConfig(kernel=kernel or DEFAULT_KERNEL)
-    make = partial(CudaContext, cnn, share, config, parse_csv=not host_parse, threads=threads, trace=trace, copier_ahead=rooms_ahead)
+    make = partial(CudaContext, cnn, shard, config, parse_csv=not host_parse, threads=threads, trace=trace, copier_ahead=copier_ahead)
     if len(gpus) == 1:
         return make(device=gpus[0])
-    from cnnlab.cuda.spread import Spread
+    from cnnlab.cuda.multi_gpu import MultiGpuBackend
 
-    return Spread([partial(make, device=gpu) for gpu in gpus])
+    return MultiGpuBackend([partial(make, device=gpu) for gpu in gpus])
 
 
 def run_network(
@@ -310,46 +222,16 @@ def run_network(
     of that set of outputs, placed with the others at the end of its `with` block); the loop, its reader and each
     batch's compute and write tell `trace` their time.
 
-    A backend that parses CSV itself (`csv_text`, the GPU) gets CSV input as text batches read
-    into its page-locked memory; every other input is parsed here into its image buffers. Without
+    The input's kind (run_inputs.py) decides where its batches go: CSV text to a backend that parses it itself (the
+    GPU), a .npy file straight to its device memory or mapped in place, anything else into its host buffers. Without
     `read_ahead` the reader has one slot, so it reads a batch only while nothing computes, and the outputs are written
     on this thread: slower, but the timed work then has the machine to itself, as in the lab's program.
     """
-    slots = 2 if read_ahead else 1
-    text = backend.csv_text
     with (
-        open_images(input_path, backend if text else None, backend.threads, trace) as reader,
+        open_images(input_path, backend if backend.csv_text else None, backend.threads, trace) as reader,
         open_outputs(output_path, reader.count, together) as output,
     ):
-        rooms: list[DeviceRoom | TextRooms] = []  # a regular file's device rooms, where the backend has them: freed at the end
-        images: list[np.ndarray] = []  # else the host buffers the reader fills, where the images are read: freed too
-        read: Callable[[Any, threading.Event], Batch | None]
-        buffers: list[Any] = [None] * slots  # what the reader fills, a slot each; for some, only a turn
-        on_device = _csv_on_device(backend, reader, trace) if text else None
-        if on_device is not None:  # a regular CSV file, a backend with a device: its text goes straight to the device
-            rooms.append(on_device.rooms)
-            read, batch_size = partial(_parse_on_device, on_device), on_device.images_a_fill
-        elif text and isinstance(reader, CsvImageReader):
-            batch_size = min(text.batch_images, reader.count, reader.capacity)
-            reader.reserve_text(batch_size)
-            read = partial(_read_text, reader, batch_size, text.chunk_images)
-        else:
-            mapped = backend.reads_in_place and isinstance(reader, NpyImageReader) and reader.map()
-            # The backend's batch, else the reader's step (a mapped file's views); never buffers for images the file cannot hold.
-            batch_size = min(backend.batch_size or (VIEW_IMAGES if mapped else reader.step), reader.count, reader.capacity)
-            file_rooms = [] if mapped else _device_rooms(backend, reader, slots)
-            rooms.extend(file_rooms)
-            if mapped:
-                assert isinstance(reader, NpyImageReader)
-                read = partial(_view_images, reader, batch_size)
-            elif file_rooms:  # a regular .npy file, a backend with a device: its bytes go straight to the device's rooms
-                assert isinstance(reader, NpyImageReader)
-                batch_size = file_rooms[0].capacity  # the backend's room, its batch
-                read, buffers = partial(_fill_room, reader), list(file_rooms)
-            else:
-                batch_size = fit_batch(reader, batch_size, slots, backend.threads)
-                images = _one_a_slot(lambda _: backend.allocate_images(batch_size), backend.free_images, slots)
-                read, buffers = partial(fill_images, reader), list(images)
+        source = open_input(backend, reader, 2 if read_ahead else 1, trace)
         progress = Progress(f"cnnlab {backend.name}", reader.count)
         work_seconds, startup_seconds, images_done = 0.0, None, 0
         loop_start = time.perf_counter()
@@ -357,7 +239,7 @@ def run_network(
             with (
                 trace.span("loop", images=reader.count),
                 WriteBehind(output, trace, read_ahead) as writer,  # started first: a thread's start waits for the GIL
-                Prefetcher(read, buffers, reader.stop, trace) as batches,
+                Prefetcher(source.read, source.slots, reader.stop, trace) as batches,
             ):
                 for number, batch in enumerate(batches):
                     with trace.span("batch", batch=number, images=len(batch)):
@@ -375,36 +257,20 @@ def run_network(
                         progress.update(images_done)
             loop_seconds = time.perf_counter() - loop_start
         except BaseException as error:
-            _give_back(backend, rooms, images, failing=error)
+            source.free(failing=error)
             with suppress(OSError):  # a terminal gone (SIGHUP): the run's error is still the one told
                 progress.finish()
             raise
         progress.finish()
-        _give_back(backend, rooms, images)
+        source.free()
         reader.finish()
-    return RunStats(reader.count, work_seconds, loop_seconds, batch_size, startup_seconds)
-
-
-def _give_back(
-    backend: Backend, rooms: list[DeviceRoom | TextRooms], images: list[np.ndarray], failing: BaseException | None = None
-) -> None:
-    """Free a run's device rooms and host buffers (its reader has stopped: nothing fills them). Where the run is
-    `failing`, a free that fails too is passed over, noted on the run's error, so that the run's own error is the one
-    told (the backend's close, or the process's end, takes what is left)."""
-    frees: list[Callable[[], None]] = [*(each.free for each in rooms), *(partial(backend.free_images, buffer) for buffer in images)]
-    for free in frees:
-        try:
-            free()
-        except Exception as error:
-            if failing is None:
-                raise
-            failing.add_note(f"and a free failed after it: {error!r}")
+    return RunStats(reader.count, work_seconds, loop_seconds, source.batch_size, startup_seconds)
 
 
 def _non_finite_image(input_path: str | os.PathLike, batch: Batch, first_image: int) -> InputFileError:
     """The error naming the first image (counted from 1) of a batch that holds a NaN or an infinity."""
     assert not isinstance(batch, CsvBatch)  # CSV text is never refused here: its parsers refuse such values
-    images = batch.images if isinstance(batch, ImageBatch) else batch.room.host_copy(len(batch))
+    images = batch.images if isinstance(batch, ImageBatch) else batch.buffer.host_copy(len(batch))
     index = first_nonfinite(images)
     assert index is not None
     value = images[index]

@@ -8,8 +8,8 @@
 // Time:   python tools/bench_csv_gpu.py IN_CSV       (GB/s of text, CUDA events)
 //
 // A regular file's text is copied straight to the device in ranges of up to 512 MB cut just after a
-// row (cnnlab/cuda/csv_rooms.py), and each range parsed as one block whose rows the device counts:
-// the host passes `rows` < 0, the spans' room. Text from a pipe is read by the host in blocks cut at
+// row (cnnlab/cuda/csv_double_buffer.py), and each range parsed as one block whose rows the device counts:
+// the host passes `rows` < 0, the spans' capacity. Text from a pipe is read by the host in blocks cut at
 // line ends, knowing each block's non-blank lines, `rows`, from the summaries its read threads made of
 // 1 MB pieces as they landed (files/lines.py's Lines, the Seg below on the CPU). Either way, in
 // stream order:
@@ -61,7 +61,7 @@
 //               csv_patch_fields. overflow != 0: more than CSV_HOST_SLOTS, convert the whole block
 //               on the host.
 //
-// Scratch per lane (cnnlab/cuda/csv_parser.py scratch_bytes): 12 bytes per 8 KB tile, 8 bytes (span) and
+// Scratch per parse (cnnlab/cuda/csv_parser.py scratch_bytes): 12 bytes per 8 KB tile, 8 bytes (span) and
 // 400 bytes (field ends) per row, 2 KB of patch values.
 
 #include "lab_csv.h"
@@ -259,8 +259,8 @@ csv_tile_summaries(const unsigned char *__restrict__ block, int nbytes, Seg *__r
 // prefixes (each thread a run of consecutive tiles: combine, one block scan, write back), counts
 // the block's non-blank lines and starts the block's status: lines, bad_row (the first row past
 // the shorter count if the device's and the host's counts differ), no HOST fields. `rows` < 0:
-// the host has not counted (a room of a file's text, copied straight to the device), and any
-// count up to -rows (the spans' room) is good; past it, row -rows is bad.
+// the host has not counted (a range of a file's text, copied straight to the device), and any
+// count up to -rows (the spans' capacity) is good; past it, row -rows is bad.
 extern "C" __global__ void __launch_bounds__(CSV_SCAN_THREADS)
 csv_scan_tiles(Seg *__restrict__ tiles, int count, int rows, CsvStatus *__restrict__ status)
 {
@@ -396,7 +396,7 @@ csv_split_rows(const unsigned char *__restrict__ block, int nbytes, const int2 *
 // with lab_parse_field and writes images[(first_row + row) * 100 + field]: consecutive threads,
 // consecutive doubles. A HOST field is left NaN and listed (atomicAdd) for the host; a BAD one is
 // reported (atomicMin). Grid: ceil(rows * 100 / CSV_FIELD_THREADS) blocks of CSV_FIELD_THREADS,
-// or fewer where `rows` is only the room's bound (it strides).
+// or fewer where `rows` is only the text buffer's bound (it strides).
 extern "C" __global__ void __launch_bounds__(CSV_FIELD_THREADS)
 csv_parse_fields(const unsigned char *__restrict__ block, const int2 *__restrict__ spans, const int *__restrict__ ends,
                  int rows, int first_row, double *__restrict__ images, CsvStatus *__restrict__ status)

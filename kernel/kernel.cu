@@ -10,7 +10,7 @@
 //   conv_out [batch][10][20][20]    after convolution and ReLU, i.e. [batch][4000] flattened
 //   weights  [10][4000]             the output layer
 //   partials [segments][stride][10] one partial dot product per segment of the 4000 inputs;
-//                                   the host adds the segments up (cnnlab/cuda/lanes.py), or sum_segments
+//                                   the host adds the segments up (cnnlab/cuda/chunk_streams.py), or sum_segments
 //                                   does, into a caller's device array
 //   outputs  [batch][10]            sum_segments' result
 //
@@ -151,7 +151,7 @@ sum_segments(const double *__restrict__ partials, double *__restrict__ outputs, 
 
 // find_nonfinite: sets *nonfinite to 1 where any of `count` doubles is a NaN or an infinity. It is the
 // check conv2d_relu makes as it loads its tile, on its own, for the rungs of the ladder whose kernels
-// make none (cnnlab/cuda/lanes.py runs it before them where the images are not known to be finite): one
+// make none (cnnlab/cuda/chunk_streams.py runs it before them where the images are not known to be finite): one
 // more read of the images, 16 bytes a thread at a time, grid-stride, at the copy rate. `count` is a
 // whole number of images, so even.
 extern "C" __global__ void

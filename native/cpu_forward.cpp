@@ -143,7 +143,7 @@ bool holds_nonfinite(const double *image)
 struct Kernels {
     const char *name;  // as CNNLAB_CPU_ISA names it
     bool (*runs_here)();  // whether this CPU has the instructions
-    int lanes;  // the forward's images a group
+    int width;  // the forward's images a group
     // The group's outputs into out[0 .. count * 10); the lanes that hold a NaN or an infinity as a bit mask.
     unsigned (*forward)(const double *const *, const double *, const double *, Scratch *, bool, double *, int);
     void (*plain)(const double *const *, const double *, const double *, Scratch *, double *, int);
@@ -156,7 +156,7 @@ struct Kernels {
     {                                                                                                                           \
         ISA::vec outputs[OUT_LAYER_SIZE];                                                                                       \
         const ISA::veci suspect = ISA::forward_group(images, filters, weights_t, s, check, outputs);                           \
-        ISA::write_lanes(outputs, count, out);                                                                                  \
+        ISA::write_outputs(outputs, count, out);                                                                                  \
         unsigned mask = 0;                                                                                                      \
         for (int i = 0; i < count; ++i)                                                                                         \
             mask |= (suspect[i] && holds_nonfinite(images[i])) << i;                                                            \
@@ -167,7 +167,7 @@ struct Kernels {
     {                                                                                                                           \
         ISA::v8 outputs[OUT_LAYER_SIZE];                                                                                        \
         ISA::plain_group(images, filters, weights, s, outputs);                                                                 \
-        ISA::write_lanes(outputs, count, out);                                                                                  \
+        ISA::write_outputs(outputs, count, out);                                                                                  \
     }
 
 CNNLAB_KERNELS(avx512, __attribute__((target("avx512f,avx512dq"))))
@@ -369,7 +369,7 @@ PyObject *Forward_compute(Forward *self, PyObject *args)
     std::atomic<long> first_bad{count};
     const Kernels *kernels = self->kernels;
     Py_BEGIN_ALLOW_THREADS
-    over_groups(self, values, count, kernels->lanes, [&](long first, const double *const *rows, int in_group, Scratch *scratch) {
+    over_groups(self, values, count, kernels->width, [&](long first, const double *const *rows, int in_group, Scratch *scratch) {
         const unsigned bad = kernels->forward(rows, self->filters, self->weights_t, scratch, check, outputs + first * OUT_LAYER_SIZE, in_group);
         if (bad) {
             long index = first + __builtin_ctz(bad), seen = first_bad.load();

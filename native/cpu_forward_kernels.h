@@ -13,16 +13,16 @@ typedef double v8 __attribute__((vector_size(64)));  // the plain loop's and rea
 
 // The lane indices 0 .. N - 1 as a pack, to spell a vector lane by lane: a broadcast, a shuffle's mask.
 template <int... K>
-struct Lanes {};
+struct Indices {};
 template <int N, int... K>
 struct LaneList : LaneList<N - 1, N - 1, K...> {};
 template <int... K>
 struct LaneList<0, K...> {
-    typedef Lanes<K...> type;
+    typedef Indices<K...> type;
 };
 
 template <typename Vector, int... K>
-static inline __attribute__((always_inline)) Vector splat(double x, Lanes<K...>)
+static inline __attribute__((always_inline)) Vector splat(double x, Indices<K...>)
 {
     return Vector{((void)K, x)...};
 }
@@ -45,7 +45,7 @@ static inline __attribute__((always_inline)) Vector load(const double *p)
 // One butterfly of the transpose's round of `WIDTH`, on two rows `WIDTH` apart: the first row's odd blocks of
 // WIDTH lanes swap with the second row's even ones. The masks are constants, so each is one shuffle.
 template <int WIDTH, int... K>
-static inline __attribute__((always_inline)) void butterfly(vec *first, vec *second, Lanes<K...>)
+static inline __attribute__((always_inline)) void butterfly(vec *first, vec *second, Indices<K...>)
 {
     const vec a = *first, b = *second;
     *first = __builtin_shuffle(a, b, veci{(K & WIDTH ? LANES + K - WIDTH : K)...});
@@ -203,7 +203,7 @@ static void plain_group(const double *const *images, const double *filters, cons
 
 // Image i's outputs, lane i of outputs[0..10), into out[i * 10 ..] for the group's first `count` images.
 template <typename Vector>
-static void write_lanes(const Vector *outputs, int count, double *out)
+static void write_outputs(const Vector *outputs, int count, double *out)
 {
     for (int i = 0; i < count; ++i)
         for (int n = 0; n < OUT_LAYER_SIZE; ++n)

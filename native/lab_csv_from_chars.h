@@ -18,8 +18,8 @@ namespace {
 // The bench's peer, not cnnlab's parser: the text as a C++ user would parse it with the standard library, each
 // field split at ',' and '\n' and handed to std::from_chars (libstdc++ 12: correctly rounded), blank lines skipped;
 // no rule of the lab's format checked beyond what from_chars refuses. The values written, or -1 where from_chars
-// refused a field or out ran out of room.
-long long from_chars_range(const char *p, const char *end, double *out, long long room)
+// refused a field or out ran out of space.
+long long from_chars_range(const char *p, const char *end, double *out, long long capacity)
 {
     long long count = 0;
     while (p < end) {
@@ -27,7 +27,7 @@ long long from_chars_range(const char *p, const char *end, double *out, long lon
         while (field_end < end && *field_end != ',' && *field_end != '\n')
             ++field_end;
         if (field_end > p) {
-            if (count == room)
+            if (count == capacity)
                 return -1;
             const std::from_chars_result r = std::from_chars(p, field_end, out[count], std::chars_format::general);
             if (r.ec != std::errc() || r.ptr != field_end)

@@ -227,15 +227,15 @@ PyObject *parse_pieces(PyObject *, PyObject *args)
             for (Py_ssize_t i; (i = next.fetch_add(1)) < count;) {
                 if (times)
                     times[4 * i] = worker, times[4 * i + 1] = syscall(SYS_gettid), times[4 * i + 2] = monotonic_ns();
-                const long long first = bounds[3 * i + 2], room = (i + 1 < count ? bounds[3 * i + 5] : rows) - first;
+                const long long first = bounds[3 * i + 2], capacity = (i + 1 < count ? bounds[3 * i + 5] : rows) - first;
                 Py_ssize_t needed;
                 RowPlace place = span;
                 place.first_row += first;
                 const Py_ssize_t bad =
-                    parse_range(base, bounds[3 * i], bounds[3 * i + 1], width, values + first * width, room, &needed, place, limit);
+                    parse_range(base, bounds[3 * i], bounds[3 * i + 1], width, values + first * width, capacity, &needed, place, limit);
                 if (times)
                     times[4 * i + 3] = monotonic_ns();
-                if (needed > room)
+                if (needed > capacity)
                     overfull = i;
                 if (bad >= 0) {
                     Py_ssize_t seen = first_bad.load();
@@ -247,7 +247,7 @@ PyObject *parse_pieces(PyObject *, PyObject *args)
         static_cast<int>(std::min<Py_ssize_t>(count, pool->threads())));
     Py_END_ALLOW_THREADS
     if (overfull.load() >= 0) {
-        PyErr_Format(PyExc_ValueError, "parse_pieces: piece %zd holds more rows than its room in out", overfull.load());
+        PyErr_Format(PyExc_ValueError, "parse_pieces: piece %zd holds more rows than its space in out", overfull.load());
         return nullptr;
     }
     return PyLong_FromSsize_t(first_bad.load() < count ? first_bad.load() : -1);

@@ -160,8 +160,8 @@ struct Piece {
 void read_piece(int fd, char *base, long long offset, Piece *piece)
 {
     while (piece->count < piece->wanted) {
-        struct iovec room = {base + piece->start + piece->count, static_cast<size_t>(piece->wanted - piece->count)};
-        const ssize_t got = preadv(fd, &room, 1, offset + piece->count);
+        struct iovec rest = {base + piece->start + piece->count, static_cast<size_t>(piece->wanted - piece->count)};
+        const ssize_t got = preadv(fd, &rest, 1, offset + piece->count);
         if (got < 0) {
             if (errno == EINTR)
                 continue;
@@ -175,7 +175,7 @@ void read_piece(int fd, char *base, long long offset, Piece *piece)
     piece->summary = summarize_range(base, piece->start, piece->start + piece->count);
 }
 
-// The pieces of PIECE_BYTES that [at, at + nbytes) falls into; false with MemoryError set where there is no room for them.
+// The pieces of PIECE_BYTES that [at, at + nbytes) falls into; false with MemoryError set where there is no memory for them.
 bool plan_pieces(Py_ssize_t at, Py_ssize_t nbytes, std::vector<Piece> *pieces)
 {
     try {

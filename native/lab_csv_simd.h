@@ -157,27 +157,27 @@ LAB_AVX512_TARGET inline __m512i lab_mul_high_64x64_avx512(__m512i a, __m512i b)
     return _mm512_add_epi64(_mm512_add_epi64(hh, _mm512_srli_epi64(lh, 32)), _mm512_add_epi64(_mm512_srli_epi64(hl, 32), _mm512_srli_epi64(mid, 32)));
 }
 
-// Up to eight fields of a row lab_repr_row_avx512 passed, the lanes of `lanes`: field j begins at begins[j] and ends at
+// Up to eight fields of a row lab_repr_row_avx512 passed, the lanes of `fields`: field j begins at begins[j] and ends at
 // ends[j] (offsets into `row`; 16 bytes past each field's point can be loaded). Into out[0..8): repr's digits as lab_repr_field_avx2 reads them (w < 10^18, the decimal exponent -17),
 // then Eisel-Lemire as lab_eisel_lemire computes it, a lane a field. The lanes it leaves to the caller, unwritten:
 // those with more than 17 digits after the point, and those whose product Eisel-Lemire would refine with the next word
 // of 5^-17 (about 1 in 512).
-LAB_AVX512_TARGET inline __mmask8 lab_repr_fields8_avx512(const char *row, const int32_t *begins, const int32_t *ends, __mmask8 lanes,
+LAB_AVX512_TARGET inline __mmask8 lab_repr_fields8_avx512(const char *row, const int32_t *begins, const int32_t *ends, __mmask8 fields,
                                                            double *out)
 {
     // Each field's first two bytes: a minus sign and the digit before the point, or that digit and the point.
     const __m256i begin = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(begins));
     const __m256i byte = _mm256_set1_epi32(0xFF), zero_char = _mm256_set1_epi32('0');
-    const __m256i head = _mm256_mmask_i32gather_epi32(zero_char, lanes, begin, row, 1);
+    const __m256i head = _mm256_mmask_i32gather_epi32(zero_char, fields, begin, row, 1);
     const __mmask8 minus = _mm256_cmpeq_epi32_mask(_mm256_and_si256(head, byte), _mm256_set1_epi32('-'));
     const __m256i negative = _mm256_maskz_mov_epi32(minus, _mm256_set1_epi32(1));
     const __m256i first = _mm256_add_epi32(begin, negative);  // each field's digit before the point
     const __m256i k = _mm256_sub_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(ends)), _mm256_add_epi32(first, _mm256_set1_epi32(2)));
-    __mmask8 left = _mm256_mask_cmpgt_epi32_mask(lanes, k, _mm256_set1_epi32(17));
+    __mmask8 left = _mm256_mask_cmpgt_epi32_mask(fields, k, _mm256_set1_epi32(17));
     const __m256i units = _mm256_sub_epi32(_mm256_and_si256(_mm256_mask_srli_epi32(head, minus, head, 8), byte), zero_char);
     alignas(32) int32_t firsts[8];
     _mm256_store_si256(reinterpret_cast<__m256i *>(firsts), first);
-    const __mmask8 long17 = _mm256_mask_cmpeq_epi32_mask(lanes, k, _mm256_set1_epi32(17));
+    const __mmask8 long17 = _mm256_mask_cmpeq_epi32_mask(fields, k, _mm256_set1_epi32(17));
     const __m256i at17 = _mm256_add_epi32(first, _mm256_set1_epi32(18));
     const __m256i seventeenth = _mm256_maskz_sub_epi32(long17, _mm256_and_si256(_mm256_mmask_i32gather_epi32(zero_char, long17, at17, row, 1), byte), zero_char);
     // Each field's 16 bytes after its point, four fields a register, the bytes past its k digits masked off; then their
@@ -211,7 +211,7 @@ LAB_AVX512_TARGET inline __mmask8 lab_repr_fields8_avx512(const char *row, const
     const __m512i lz = _mm512_lzcnt_epi64(w);
     const __m512i high = lab_mul_high_64x64_avx512(_mm512_sllv_epi64(w, lz), _mm512_set1_epi64(static_cast<long long>(LAB_POW5[2 * (q - LAB_POW5_SMALLEST)])));
     const __m512i precision = _mm512_set1_epi64(0xFFFFFFFFFFFFFFFFULL >> (52 + 3));
-    left |= _mm512_cmpeq_epi64_mask(_mm512_and_si512(high, precision), precision) & lanes;
+    left |= _mm512_cmpeq_epi64_mask(_mm512_and_si512(high, precision), precision) & fields;
     const __m512i upperbit = _mm512_srli_epi64(high, 63);
     __m512i mantissa = _mm512_srlv_epi64(high, _mm512_add_epi64(upperbit, _mm512_set1_epi64(64 - 52 - 3)));
     __m512i power2 = _mm512_sub_epi64(_mm512_add_epi64(upperbit, _mm512_set1_epi64((((152170 + 65536) * q) >> 16) + 63 + 1023)), lz);
@@ -222,7 +222,7 @@ LAB_AVX512_TARGET inline __mmask8 lab_repr_fields8_avx512(const char *row, const
     __m512i bits = _mm512_or_si512(_mm512_andnot_si512(_mm512_set1_epi64(1LL << 52), mantissa), _mm512_slli_epi64(power2, 52));
     bits = _mm512_maskz_mov_epi64(_mm512_test_epi64_mask(w, w), bits);  // w = 0: zero, signed
     bits = _mm512_or_si512(bits, _mm512_slli_epi64(_mm512_cvtepu32_epi64(negative), 63));
-    _mm512_mask_storeu_pd(out, lanes & ~left, _mm512_castsi512_pd(bits));
+    _mm512_mask_storeu_pd(out, fields & ~left, _mm512_castsi512_pd(bits));
     return left;
 }
 

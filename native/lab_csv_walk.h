@@ -122,14 +122,14 @@ class Walk {
         return true;
     }
 
-    // The lines of [first, stop) (stop a line start or the data's end) from the walk's row `row`, up to `room` rows:
+    // The lines of [first, stop) (stop a line start or the data's end) from the walk's row `row`, up to `capacity` rows:
     // counted, or parsed. False where a line is bad (parsed) or longer than max_line; *end: where the walk stopped
     // (stop, or past the last row's '\n' where the rows ran out; a tail with no '\n' is not taken).
-    bool walk_lines(Py_ssize_t first, Py_ssize_t stop, Py_ssize_t row, Py_ssize_t room, bool parse, Count *count, const char **end) const
+    bool walk_lines(Py_ssize_t first, Py_ssize_t stop, Py_ssize_t row, Py_ssize_t capacity, bool parse, Count *count, const char **end) const
     {
         const char *p = base_ + first, *const limit = base_ + stop;
         bool blank_before = parse && place_.matrix_rows > 0 && line_before_is_blank(base_, start_, first);
-        while (p < limit && count->rows < room) {
+        while (p < limit && count->rows < capacity) {
             const Py_ssize_t left = limit - p;
             const char *nl = line_end_within(p, left, max_line_);
             if (!nl) {

@@ -85,7 +85,7 @@ class Run:
 
 
 class Gpu:
-    """The module and one lane's parser; run() parses blocks as the host pipeline would."""
+    """The module and one parse's buffers; run() parses blocks as the host pipeline would."""
 
     def __init__(self, driver: Any, module: Any) -> None:
         from cnnlab.cuda.csv_parser import CsvParser, scratch_bytes
@@ -154,16 +154,16 @@ def gpu(tmp_path_factory: pytest.TempPathFactory):
     command = ["nvcc", "-fatbin", f"-arch=sm_{major}{minor}", "-std=c++17", "-O3", f"-I{ROOT / 'kernel'}", "-o", str(fatbin)]
     build = subprocess.run([*command, str(ROOT / "kernel" / "csv.cu")], capture_output=True, text=True)
     assert build.returncode == 0, build.stderr
-    context = lane = None
+    context = gpu = None
     try:
-        with gpu_lock(tmp_path_factory):  # the context and the lane's memory taken while no other test uses the GPU
+        with gpu_lock(tmp_path_factory):  # the context and the parse's memory taken while no other test uses the GPU
             context = device.retain_primary_context()
             context.push()
-            lane = Gpu(driver, driver.module_from_file(str(fatbin)))
-        yield lane
+            gpu = Gpu(driver, driver.module_from_file(str(fatbin)))
+        yield gpu
     finally:
-        if lane is not None:
-            lane.free()
+        if gpu is not None:
+            gpu.free()
         if context is not None:
             context.pop()
             context.detach()

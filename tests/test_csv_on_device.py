@@ -1,6 +1,6 @@
 """A regular CSV file's text read straight into a backend's device memory and parsed there (files/csv_on_device.py):
 the ranges it is cut into, the rows an image carries from one range to the next, the tally against N, and the error the
-host's reader gives where anything is amiss. In CI the rooms are host memory and the host's parser stands in for
+host's reader gives where anything is amiss. In CI the device buffers are host memory and the host's parser stands in for
 csv.cu's kernels; on a GPU, cuda mode on the same files against cpu mode.
 """
 
@@ -28,8 +28,8 @@ from cnnlab.run import run_network
 GPU = pytest.mark.skipif(why_no_gpu() is not None, reason=str(why_no_gpu()))
 
 
-class HostImages:
-    """An image room's place taken by host memory."""
+class HostImageBuffer:
+    """An image buffer's place taken by host memory."""
 
     def __init__(self, rows: int) -> None:
         self.values = np.full(rows * INPUT_DIM, np.pi)
@@ -38,14 +38,14 @@ class HostImages:
         return self.values[: count * INPUT_DIM * INPUT_DIM].reshape(count, INPUT_DIM, INPUT_DIM).copy()
 
 
-class HostTextRooms:
-    """Text rooms of host memory, filled by os.preadv and parsed by the host's parser, as a GPU's are by its copier and
+class HostDoubleBuffer:
+    """A double buffer of host memory, filled by os.preadv and parsed by the host's parser, as a GPU's are by its copier and
     csv.cu: it counts each range's rows itself, and says None for a range with a bad row."""
 
     def __init__(self, text_bytes: int, cut: Path | None = None) -> None:
         self.text_bytes, self._cut, self.fills, self.freed = text_bytes, cut, 0, False
         self._texts = [np.zeros(text_bytes, np.uint8) for _ in range(2)]
-        self._images = [HostImages(text_bytes // 200 + 2 * INPUT_DIM) for _ in range(2)]
+        self._images = [HostImageBuffer(text_bytes // 200 + 2 * INPUT_DIM) for _ in range(2)]
         self._got: list[int] = []  # each fill's count, until filled() takes it
         self._handed = self._parses = 0
         self._carry_rows = np.empty(0)
@@ -63,46 +63,46 @@ class HostTextRooms:
         self._parsing = (self._texts[self._parses % 2][:nbytes], file_row, Layout(INPUT_DIM, "image", separated=separated))
         self._parses += 1
 
-    def parsed(self, carry: int, path: str | os.PathLike[str]) -> tuple[int, HostImages] | None:
+    def parsed(self, carry: int, path: str | os.PathLike[str]) -> tuple[int, HostImageBuffer] | None:
         text, file_row, layout = self._parsing
         text = np.frombuffer(text.tobytes().removesuffix(b"\n") + b"\n", np.uint8)  # the file's last line may have no end
         lines = text.tobytes().split(b"\n")
         if max(map(len, lines)) > MAX_LINE_BYTES:  # as csv.cu refuses a line the host would
             return None
         rows = sum(1 for line in lines if line.strip())
-        room = self._images[self._handed % 2]
-        room.values[: carry * INPUT_DIM] = self._carry_rows[: carry * INPUT_DIM]
+        buffer = self._images[self._handed % 2]
+        buffer.values[: carry * INPUT_DIM] = self._carry_rows[: carry * INPUT_DIM]
         try:
-            parse_rows(path, Span(text, 0, len(text), rows, 0), INPUT_DIM, room.values[carry * INPUT_DIM : (carry + rows) * INPUT_DIM],
+            parse_rows(path, Span(text, 0, len(text), rows, 0), INPUT_DIM, buffer.values[carry * INPUT_DIM : (carry + rows) * INPUT_DIM],
                        RowPlace(layout, file_row, 0))  # fmt: skip
         except InputFileError:
             return None
         whole = (carry + rows) // INPUT_DIM
-        self._carry_rows = room.values[whole * INPUT_DIM * INPUT_DIM : (carry + rows) * INPUT_DIM].copy()
+        self._carry_rows = buffer.values[whole * INPUT_DIM * INPUT_DIM : (carry + rows) * INPUT_DIM].copy()
         self._handed += whole > 0
-        return rows, room
+        return rows, buffer
 
     def free(self) -> None:
         self.freed = True
 
 
 class StandIn(CpuBackend):
-    """A backend that parses CSV on its "device": text rooms of host memory, whose images compute() takes."""
+    """A backend that parses CSV on its "device": a double buffer of host memory, whose images compute() takes."""
 
     csv_text = TextBatching(16, 16)
 
     def __init__(self, cnn: Cnn, text_bytes: int, cut: Path | None = None) -> None:
         super().__init__(cnn, batch_size=16, threads=1)
         self._text_bytes, self._cut = text_bytes, cut
-        self.rooms: list[HostTextRooms] = []
+        self.buffers: list[HostDoubleBuffer] = []
 
-    def text_rooms(self, image_bytes: float) -> HostTextRooms:  # type: ignore[override]
-        self.rooms.append(HostTextRooms(self._text_bytes, self._cut))
-        return self.rooms[-1]
+    def csv_double_buffer(self, image_bytes: float) -> HostDoubleBuffer:  # type: ignore[override]
+        self.buffers.append(HostDoubleBuffer(self._text_bytes, self._cut))
+        return self.buffers[-1]
 
     def compute(self, batch: Batch, check_finite: bool = False) -> OutputBatch:
-        assert isinstance(batch, DeviceBatch) and isinstance(batch.room, HostImages)
-        return super().compute(ImageBatch(batch.room.host_copy(len(batch))), check_finite)
+        assert isinstance(batch, DeviceBatch) and isinstance(batch.buffer, HostImageBuffer)
+        return super().compute(ImageBatch(batch.buffer.host_copy(len(batch))), check_finite)
 
 
 def text_of(images: np.ndarray, separated: bool = True, line_end: str = "\n", last_line_end: bool = True) -> str:
@@ -111,7 +111,7 @@ def text_of(images: np.ndarray, separated: bool = True, line_end: str = "\n", la
     return text if last_line_end else text.rstrip("\r\n")
 
 
-def run_both(tmp_path: Path, cnn: Cnn, text: str, text_bytes: int) -> tuple[bytes | str, bytes | str, HostTextRooms]:
+def run_both(tmp_path: Path, cnn: Cnn, text: str, text_bytes: int) -> tuple[bytes | str, bytes | str, HostDoubleBuffer]:
     """The outputs (or the error) of cpu mode and of the stand-in on the same input file."""
     (tmp_path / "in.csv").write_text(text)
     results: list[bytes | str] = []
@@ -124,7 +124,7 @@ def run_both(tmp_path: Path, cnn: Cnn, text: str, text_bytes: int) -> tuple[byte
             except InputFileError as error:
                 results.append(str(error))
                 assert not out.exists()
-    return results[0], results[1], device.rooms[0]
+    return results[0], results[1], device.buffers[0]
 
 
 @pytest.mark.parametrize("text_bytes", [4096, 50_000, 300_000, 10 << 20])
@@ -135,9 +135,9 @@ def test_ranges_of_any_size_give_the_cpu_s_outputs(
     """Ranges of a few rows (4 KB), of part of an image (50 KB: several ranges pass no whole image on), of about one,
     and of the whole file: the images carried across ranges whole, in order, the same bytes as cpu mode's."""
     cnn, images = random_cnn(rng), random_values(rng, 7, INPUT_DIM, INPUT_DIM)
-    want, got, rooms = run_both(tmp_path, cnn, text_of(images, separated, line_end, last_line_end), text_bytes)
+    want, got, buffers = run_both(tmp_path, cnn, text_of(images, separated, line_end, last_line_end), text_bytes)
     assert isinstance(want, bytes) and got == want
-    assert rooms.freed and rooms.fills >= min(7, (7 * 190_000) // text_bytes)
+    assert buffers.freed and buffers.fills >= min(7, (7 * 190_000) // text_bytes)
 
 
 @pytest.mark.parametrize("blank_lines, into_blanks", [(3000, None), (60_000, 100_000)])
@@ -200,7 +200,7 @@ def test_a_file_cut_short_under_a_run_is_the_error_of_the_file_as_it_is(tmp_path
     cut_at = r"file ends inside image [23] of the 6 the first line announces"
     with StandIn(cnn, 200_000, cut=path) as device, pytest.raises(InputFileError, match=cut_at):
         run_network(device, path, tmp_path / "out.csv")
-    assert not (tmp_path / "out.csv").exists() and device.rooms[0].freed
+    assert not (tmp_path / "out.csv").exists() and device.buffers[0].freed
 
 
 @pytest.mark.parametrize(

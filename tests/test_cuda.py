@@ -114,17 +114,17 @@ def test_too_large_a_chunk_falls_back_to_one_that_fits(rng: np.random.Generator)
         assert_within_rule(gpu.compute(ImageBatch(images)).values, cpu_outputs(cnn, images), cnn, images)
 
 
-def test_a_lane_refills_its_staging_buffer_only_after_the_copy_out_of_it(rng: np.random.Generator) -> None:
-    """Pageable images go through a page-locked staging buffer per lane: each copy out of it is followed by the
+def test_a_stream_refills_its_staging_buffer_only_after_the_copy_out_of_it(rng: np.random.Generator) -> None:
+    """Pageable images go through a page-locked staging buffer per chunk stream: each copy out of it is followed by the
     event the next refill waits for. (Once never recorded, for a slice's base is the buffer, not its allocation:
-    a lane taking a second chunk in one call could overwrite images still on their way, now and then.)"""
+    a chunk stream taking a second chunk in one call could overwrite images still on their way, now and then.)"""
     cnn = random_cnn(rng)
     images = random_values(rng, 64, 100, 100)
     with context(cnn, 64, streams=2, chunk_images=8) as gpu:
         recorded: list[object] = []
-        for lane in gpu._lanes.lanes:
-            event = lane._staging_free
-            lane._staging_free = SimpleNamespace(
+        for chunk_stream in gpu._streams.streams:
+            event = chunk_stream._staging_free
+            chunk_stream._staging_free = SimpleNamespace(
                 record=lambda stream, event=event: (recorded.append(stream), event.record(stream)), synchronize=event.synchronize
             )
         got = gpu.compute(ImageBatch(images)).values
@@ -137,7 +137,7 @@ def test_a_cap_on_device_bytes_gives_smaller_chunks_and_the_same_results(rng: np
     images = random_values(rng, 700, 100, 100)
     with context(cnn, 700, streams=3) as gpu:
         want = gpu.compute(ImageBatch(images)).values
-    with context(cnn, 700, streams=3, lane_bytes_cap=3 * 40 * 113_000) as gpu:  # room for 3 lanes of 40 images
+    with context(cnn, 700, streams=3, stream_bytes_cap=3 * 40 * 113_000) as gpu:  # space for 3 chunk streams of 40 images
         assert 20 <= gpu.chunk_images <= 40
         got = gpu.compute(ImageBatch(images)).values
     assert (got == want).all()
@@ -145,7 +145,7 @@ def test_a_cap_on_device_bytes_gives_smaller_chunks_and_the_same_results(rng: np
 
 
 def test_little_free_device_memory_gives_smaller_chunks_and_correct_results(rng: np.random.Generator) -> None:
-    """A ballast allocation leaves ~150 MB free: the default lanes (3 of 683 images, ~230 MB) must shrink to fit."""
+    """A ballast allocation leaves ~150 MB free: the default chunk streams (3 of 683 images, ~230 MB) must shrink to fit."""
     import pycuda.driver as driver
 
     cnn = random_cnn(rng)
@@ -168,7 +168,7 @@ def test_little_free_device_memory_gives_smaller_chunks_and_correct_results(rng:
 
 def test_a_failed_launch_is_one_line_and_leaves_no_output(tmp_path: Path, rng: np.random.Generator) -> None:
     """The real CLI, with a kernel that faults (its images at an address nobody allocated) on the second batch (30 images
-    of text are two of the device's smallest text rooms)."""
+    of text are two of the device's smallest text buffers)."""
     cnn_path, input_path = write_files(tmp_path, random_cnn(rng), random_values(rng, 30, 100, 100))
     (tmp_path / "out.csv").write_text("old\n")
     script = (
@@ -310,11 +310,11 @@ def test_every_malformed_input_gets_the_host_parsers_message_from_the_device_par
 
 def test_a_compute_that_fails_midway_returns_with_no_copy_still_running(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
     """A compute() that fails with chunks queued (here the hand-over of the first chunk's partials) returns only once
-    every lane's stream is idle: no copy still reads the caller's page-locked images when the caller frees them (a
+    every chunk stream is idle: no copy still reads the caller's page-locked images when the caller frees them (a
     failure on one GPU of several ends the run, and the first GPU frees the buffers every GPU copies from)."""
-    from cnnlab.cuda.lanes import HostOutputs
+    from cnnlab.cuda.chunk_streams import HostOutputs
 
-    def failing(self: HostOutputs, lane: object, index: int, count: int) -> None:
+    def failing(self: HostOutputs, chunk_stream: object, index: int, count: int) -> None:
         raise RuntimeError("the hand-over failed")
 
     cnn = random_cnn(rng)
@@ -324,8 +324,8 @@ def test_a_compute_that_fails_midway_returns_with_no_copy_still_running(rng: np.
         monkeypatch.setattr(HostOutputs, "take", failing)
         with pytest.raises(RuntimeError, match="hand-over"):
             gpu.compute(ImageBatch(images))
-        lanes = gpu._open_lanes.lanes
-        assert len(lanes) > 1 and all(lane.stream.is_done() for lane in lanes)
+        streams = gpu._open_streams.streams
+        assert len(streams) > 1 and all(each.stream.is_done() for each in streams)
         monkeypatch.undo()
         assert_within_rule(gpu.compute(ImageBatch(images)).values, cpu_outputs(cnn, images), cnn, images)
         gpu.free_images(images)

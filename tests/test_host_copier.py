@@ -9,11 +9,11 @@ import time
 import numpy as np
 import pytest
 
-from cnnlab.cuda.memory import PART_BYTES, HostCopier
+from cnnlab.cuda.memory import TASK_BYTES, HostCopier
 from cnnlab.generate import random_values
 
 IMAGE = (100, 100)
-PART_IMAGES = PART_BYTES // (np.prod(IMAGE) * 8)
+PART_IMAGES = TASK_BYTES // (np.prod(IMAGE) * 8)
 
 
 @pytest.fixture

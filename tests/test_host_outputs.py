@@ -1,4 +1,4 @@
-"""The host's half of cuda mode's outputs (cnnlab/cuda/lanes.py HostOutputs), which needs no GPU: each chunk's partial
+"""The host's half of cuda mode's outputs (cnnlab/cuda/chunk_streams.py HostOutputs), which needs no GPU: each chunk's partial
 sums added up on the host in segment order."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import warnings
 
 import numpy as np
 
-from cnnlab.cuda.lanes import HostOutputs
+from cnnlab.cuda.chunk_streams import HostOutputs
 
 
 class Arrived:

@@ -448,7 +448,7 @@ def test_refused_spellings(text: str) -> None:
             assert native.parse_rows(padded, 0, len(line), 3, np.empty(3)) == 0  # "1,5" is two fields: 4 in all
             assert native.parse_rows(padded, 0, len(line), 4, np.empty(4)) == -1
         else:
-            assert native.parse_rows(padded, 0, len(line), 3, np.empty(6)) == 0  # (room for "1\n" as two lines)
+            assert native.parse_rows(padded, 0, len(line), 3, np.empty(6)) == 0  # (space for "1\n" as two lines)
 
 
 def test_random_short_strings_agree_with_float(rng: np.random.Generator) -> None:
@@ -765,7 +765,7 @@ def test_parse_pieces_is_parse_rows_piece_by_piece_on_a_pool(rng: np.random.Gene
     assert native.parse_pieces(pool, *pieces(broken), 7, np.empty(values.size)) == 11
     with pytest.raises(ValueError, match="does not end at a line end"):
         native.parse_pieces(pool, text, np.array([(0, 5, 0)], np.int64), 7, out)
-    with pytest.raises(ValueError, match="more rows than its room"):
+    with pytest.raises(ValueError, match="more rows than its space"):
         native.parse_pieces(pool, text, bounds[:1], 7, np.empty(7 * (cuts[0] - 1)))
     pool.close()
     with pytest.raises(ValueError, match="closed"):

@@ -118,7 +118,7 @@ def test_each_rung_does_what_its_header_says(tmp_path: Path) -> None:
     assert "cp.async.cg.shared.global" in conv and "st.global.f64" in conv
 
 
-def test_the_tiled_rungs_image_stride_spreads_each_half_warp_over_every_bank() -> None:
+def test_the_tiled_rungs_image_stride_shardeds_each_half_warp_over_every_bank() -> None:
     for tile in (8, 16):
         stride, columns = launchers.conflict_free_stride(tile), 32 // tile
         assert stride % 2 == 0  # 16-byte copies

@@ -291,7 +291,7 @@ def test_cuda_trace_chunks_has_each_stream_s_copies_and_the_rung_s_kernels(
     kinds = {event["name"] for event in gpu}
     assert {"conv_tiled", "dense_coarsened", "kernels", "copy out"} <= kinds
     # Parsed here, the images are copied in a chunk at a time; parsed on the device, the CSV parser's kernels are a span
-    # a range of the file, on the text rooms' stream, and the chunks read the images where they lie.
+    # a range of the file, on the double buffer's parse stream, and the chunks read the images where they lie.
     assert ("copy in" if host_parse else "parse text") in kinds
     # A group ("kernels") has no events of its own: it runs from its first span's start to its last one's end.
     for group in (event for event in gpu if event["name"] == "kernels"):
@@ -345,7 +345,7 @@ def test_cuda_trace_has_a_span_of_each_batch_on_each_stream_and_no_chunk_s(
     assert not {"images ready", "wait for chunk", "reduce"} & {event["name"] for event in trace["traceEvents"]}
     from cnnlab.trace.plot import summarize
 
-    assert 0 < summarize(trace).busy["lane"] <= 1
+    assert 0 < summarize(trace).busy["stream"] <= 1
 
 
 def test_trace_chunks_without_a_trace_is_refused(files: tuple[Path, Path], tmp_path: Path) -> None:
@@ -354,8 +354,8 @@ def test_trace_chunks_without_a_trace_is_refused(files: tuple[Path, Path], tmp_p
     assert not (tmp_path / "out.csv").exists()
 
 
-def test_a_stream_s_batch_spans_are_the_lanes_busy_share_and_the_main_loop_s_are_containers() -> None:
-    """trace-plot's resources: on a stream, a batch span (the default cuda trace) is the lanes' work; on the main loop, a
+def test_a_stream_s_batch_spans_are_the_chunk_streams_busy_share_and_the_main_loop_s_are_containers() -> None:
+    """trace-plot's resources: on a stream, a batch span (the default cuda trace) is the chunk streams' work; on the main loop, a
     batch holds its compute and counts toward nothing."""
     from cnnlab.trace.plot import summarize
     from cnnlab.trace.recorder import GPU_PID, HOST_PID
@@ -368,4 +368,4 @@ def test_a_stream_s_batch_spans_are_the_lanes_busy_share_and_the_main_loop_s_are
     events = [span("loop", HOST_PID, 0, 100), span("batch", HOST_PID, 0, 60), span("compute", HOST_PID, 10, 40),
               span("batch", GPU_PID, 20, 25), span("batch", GPU_PID, 70, 5)]  # fmt: skip
     summary = summarize({"traceEvents": events + names})
-    assert summary.busy == {"compute": pytest.approx(0.4), "lane": pytest.approx(0.3)}
+    assert summary.busy == {"compute": pytest.approx(0.4), "stream": pytest.approx(0.3)}

@@ -1,11 +1,11 @@
 """Time kernel/csv.cu's kernels in GB/s of text, with CUDA events (needs nvcc, pycuda and a GPU).
 Run by tools/gpu-check.sh's `parsers` stage (BENCHMARKS.md section 3: csv.cu's kernels).
 
-    python tools/bench_csv_gpu.py IN_CSV [--block-mb 4 8 16] [--lanes 1 3] [--repeats 7] [--json PATH]
+    python tools/bench_csv_gpu.py IN_CSV [--block-mb 4 8 16] [--streams 1 3] [--repeats 7] [--json PATH]
 
 IN_CSV is an input file (`python -m cnnlab generate --images 1000` writes ~190 MB). Its first line
 (N) is dropped and the rest cut into blocks at line ends, counted on the host and copied to the
-device once; then the parse of all blocks is timed, on one stream or dealt over several lanes (a
+device once; then the parse of all blocks is timed, on one stream or dealt over several streams (a
 stream and a scratch each). "kernels" queues every launch behind a long memset first, so the
 figure is the GPU's time alone; "launched" is what launching from Python as the blocks come gives.
 The first pass is checked against float() on a sample of rows. Also printed: each kernel's time for
@@ -79,7 +79,7 @@ class Blocks:
         return int(self.text) + self.offsets[i], b - a, self.images, self.first_rows[i], self.rows[i], status
 
     def parse_all(self, parsers: list[Any], streams: list[Any], done: list[Any], gate: Any | None) -> float:
-        """Every block, dealt over the lanes; the time from the first launch to the last kernel's end."""
+        """Every block, dealt over the streams; the time from the first launch to the last kernel's end."""
         if gate is not None:
             self.driver.memset_d32_async(gate, 0, GATE_BYTES // 4, self.stream)
         self.start.record(self.stream)
@@ -134,7 +134,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("input")
     parser.add_argument("--block-mb", type=float, nargs="+", default=[4, 8, 16])
-    parser.add_argument("--lanes", type=int, nargs="+", default=[1, 3])
+    parser.add_argument("--streams", type=int, nargs="+", default=[1, 3])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--json")
     args = parser.parse_args()
@@ -160,26 +160,26 @@ def main() -> int:
         for block_mb in args.block_mb:
             blocks = Blocks(driver, body, int(block_mb * (1 << 20)))
             h2d = blocks.offsets[-1] / min(blocks.copy_in() for _ in range(3)) / 1e9
-            for lanes in args.lanes:
-                scratch = [driver.mem_alloc(scratch_bytes(blocks.max_bytes, blocks.max_rows)) for _ in range(lanes)]
+            for count in args.streams:
+                scratch = [driver.mem_alloc(scratch_bytes(blocks.max_bytes, blocks.max_rows)) for _ in range(count)]
                 parsers = [CsvParser(module, s, blocks.max_bytes, blocks.max_rows) for s in scratch]
-                streams, done = [driver.Stream() for _ in range(lanes)], [driver.Event() for _ in range(lanes)]
+                streams, done = [driver.Stream() for _ in range(count)], [driver.Event() for _ in range(count)]
                 blocks.parse_all(parsers, streams, done, None)
                 listed = blocks.check(body)
                 kernels = statistics.median(blocks.parse_all(parsers, streams, done, gate) for _ in range(args.repeats))
                 launched = statistics.median(blocks.parse_all(parsers, streams, done, None) for _ in range(args.repeats))
                 run = {
-                    "block_mb": block_mb, "blocks": len(blocks.spans), "lanes": lanes, "bytes": len(body), "host_fields": listed,
+                    "block_mb": block_mb, "blocks": len(blocks.spans), "streams": count, "bytes": len(body), "host_fields": listed,
                     "kernels_s": kernels, "launched_s": launched, "kernels_gb_s": len(body) / kernels / 1e9,
                     "launched_gb_s": len(body) / launched / 1e9, "h2d_gb_s": h2d,
                 }
                 print(
-                    f"block {block_mb:5.1f} MB x {len(blocks.spans):3d}, {lanes} lane(s): kernels {run['kernels_gb_s']:7.1f} GB/s "
+                    f"block {block_mb:5.1f} MB x {len(blocks.spans):3d}, {count} stream(s): kernels {run['kernels_gb_s']:7.1f} GB/s "
                     f"({kernels * 1e3:.2f} ms), launched {run['launched_gb_s']:7.1f} GB/s; H2D {h2d:.1f} GB/s; "
                     f"{listed} HOST fields; sampled rows exact",
                     flush=True,
                 )
-                if lanes == 1:
+                if count == 1:
                     run["stage_us"] = dict(zip(STAGES, blocks.stages(parsers[0], gate)))
                     print("    one block (us): " + ", ".join(f"{n} {t:.1f}" for n, t in run["stage_us"].items()), flush=True)
                 report["runs"].append(run)

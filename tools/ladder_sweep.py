@@ -6,7 +6,7 @@ device-to-device copy of those images, its outputs checked against the CPU's und
   counts, with the bit-exact conv (rung 9) and with FMAs in the conv (FT_EXACT_CONV=0, rung 11);
 - two: each kernel of the two-kernel rungs alone; rung 12 (kernel/ladder/12_two_kernels.cu: rung 9's conv alone
   and rung 7's dense kernel, a pass at a time) at several pass sizes, beside rungs 6 and 7;
-  then the resident row (CudaContext.compute_resident, three lanes) with rung 6 and with rung 12.
+  then the resident row (CudaContext.compute_resident, three chunk streams) with rung 6 and with rung 12.
 
     python tools/ladder_sweep.py [fused] [two] [--images N] [--repeats R] [--seed S]
 
@@ -131,7 +131,7 @@ def main() -> int:
                 except CnnlabError as error:
                     print(f"{name}: not run: {error}")
         context.free(resident)
-    if "two" in args.parts:  # the resident row's schedule: three lanes of a third of the images each, compute_resident
+    if "two" in args.parts:  # the resident row's schedule: three chunk streams of a third of the images each, compute_resident
         for kernel in ("warp_shuffle", "coarsened", "two_kernels"):
             with CudaContext(cnn, args.images, LaunchConfig(kernel=kernel)) as context:
                 resident = context.upload(ImageBatch(images))

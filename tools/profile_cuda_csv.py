@@ -19,8 +19,8 @@ import threading
 import time
 from typing import Any
 
+from cnnlab.cuda import chunk_streams
 from cnnlab.cuda import context as cuda
-from cnnlab.cuda import lanes
 from cnnlab.files import labcsv, text
 from cnnlab.files.labcsv import read_cnn
 from cnnlab.run import run_network
@@ -35,10 +35,10 @@ WRAPPED = [
     (cuda.CudaContext, "allocate_text"),
     (cuda.CudaContext, "free_text"),
     (cuda.CudaContext, "compute"),
-    (lanes.CsvText, "start"),
-    (lanes.CsvText, "images"),
-    (lanes.Lane, "run"),
-    (lanes.HostOutputs, "finish"),
+    (chunk_streams.CsvTextChunks, "start"),
+    (chunk_streams.CsvTextChunks, "images"),
+    (chunk_streams.ChunkStream, "run"),
+    (chunk_streams.HostOutputs, "finish"),
     (labcsv.CsvOutputWriter, "write"),
 ]
 

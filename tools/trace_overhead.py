@@ -47,8 +47,8 @@ class Arm:
     runs: list[RunStats] = field(default_factory=list)
 
     def run(self, input_path: str, out: Path) -> None:
-        from cnnlab.network import NO_TRACE
         from cnnlab.run import run_network
+        from cnnlab.tracing import NO_TRACE
 
         if self.recorder is not None:
             self.recorder.clear()  # each run's spans alone, as the command line's recorder holds them
@@ -58,9 +58,9 @@ class Arm:
 def runs_in_turns(mode: str, cnn_path: str, input_path: str, runs: int, out: Path) -> list[Arm]:
     """`runs` runs of each arm (the untraced one first in the list), in turns, after one uncounted turn."""
     from cnnlab.files.labcsv import read_cnn
-    from cnnlab.network import NO_TRACE
     from cnnlab.run import make_backend
     from cnnlab.trace.recorder import Recorder
+    from cnnlab.tracing import NO_TRACE
 
     cnn = read_cnn(cnn_path)
     recorders = [None, Recorder()] + ([Recorder(chunks=True)] if mode == "cuda" else [])

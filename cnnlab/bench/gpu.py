@@ -40,8 +40,8 @@ if TYPE_CHECKING:
     from cnnlab.cuda.device_setup import DeviceSetup
     from cnnlab.cuda.launchers import Launcher
 
-# FP64 lanes per multiprocessor, by compute capability: the data-centre chips; others run FP64 at 1/64 of FP32 or less.
-FP64_LANES_PER_SM = {(6, 0): 32, (7, 0): 32, (8, 0): 32, (9, 0): 64}
+# FP64 units per multiprocessor, by compute capability: the data-centre chips; others run FP64 at 1/64 of FP32 or less.
+FP64_UNITS_PER_SM = {(6, 0): 32, (7, 0): 32, (8, 0): 32, (9, 0): 64}
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class KernelTiming:
 
 def time_kernels(context: CudaContext, rung: Launcher, images: DeviceImages, repeats: int) -> KernelTiming:
     """`rung`'s kernels over resident images as one chunk, timed with CUDA events: a warm-up run, then
-    `repeats` timed runs; the outputs are the last run's partials added up on the host as the lanes add them."""
+    `repeats` timed runs; the outputs are the last run's partials added up on the host as the chunk streams add them."""
     driver, count = context.driver, images.count
     with device_errors("CUDA error while timing kernels"):
         activations = activation_images(rung, count)
@@ -258,9 +258,9 @@ def npy_file_rate(make_backend: Callable[[], Backend], path: Path, count: int, r
 
 
 def fp64_peak(setup: DeviceSetup) -> float | None:
-    """FLOP/s of the device's FP64 units at their top clock (FMAs counted as two), where the FP64 lanes per
+    """FLOP/s of the device's FP64 units at their top clock (FMAs counted as two), where the FP64 units per
     multiprocessor of its architecture are known here and nvidia-smi gives the clock; None otherwise."""
-    lanes = FP64_LANES_PER_SM.get(setup.capability)
+    units = FP64_UNITS_PER_SM.get(setup.capability)
     try:
         answer = subprocess.run(
             ["nvidia-smi", "--query-gpu=clocks.max.sm", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30
@@ -268,7 +268,7 @@ def fp64_peak(setup: DeviceSetup) -> float | None:
         megahertz = float(answer.stdout.split()[0])
     except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
         return None
-    return None if lanes is None else 2 * lanes * setup.sm_count * megahertz * 1e6
+    return None if units is None else 2 * units * setup.sm_count * megahertz * 1e6
 
 
 def check_outputs(got: np.ndarray, want: np.ndarray, exactness: str) -> str:
@@ -298,7 +298,7 @@ def bench_kernels(cnn: Cnn, options: BenchOptions, rng: np.random.Generator, rep
     images = random_values(rng, options.images, INPUT_DIM, INPUT_DIM)
     with CpuBackend(cnn) as cpu:
         want = cpu.compute(ImageBatch(images[: options.check_images])).values
-    # One-image lanes: the context's own lanes are not used here, only its device, modules and memory.
+    # One-image chunk streams: the context's own are not used here, only its device, modules and memory.
     with CudaContext(cnn, batch_size=1, config=ladder.LaunchConfig(streams=1, chunk_images=1)) as context:
         report.device, report.fp64_peak = context.device, fp64_peak(context.setup)
         resident = context.upload(ImageBatch(images))

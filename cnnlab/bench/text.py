@@ -124,7 +124,7 @@ def _polars_rate(path: os.PathLike, images: int, repeats: int) -> tuple[str, flo
 
 
 def bench_csv(cnn: Cnn, options: BenchOptions, seed: int | None) -> tuple[list[Figure], list[str]]:
-    """`cnnlab cuda` on a CSV file in the page cache, a whole run (the file opened, its text rooms made, the
+    """`cnnlab cuda` on a CSV file in the page cache, a whole run (the file opened, its double buffer made, the
     read-compute-write loop, all freed), in images/s and GB/s of text: parsed on the GPU (the text copied straight to
     the device, against the host-to-device copy, with KvikIO's read of the same file as the peer) and parsed on the host
     (against reading the file into page-locked memory, which it does first), the bounds measured in the same run."""

@@ -20,9 +20,9 @@ from cnnlab.errors import STANDARD_STREAM, DeviceError, OutputFileError, UsageEr
 from cnnlab.files.formats import is_npy
 from cnnlab.files.labcsv import read_cnn
 from cnnlab.files.safety import STDOUT_FILE, AtomicOutput, OutputSet, output_target, refuse_same_file, writing
-from cnnlab.network import NO_TRACE, Tracer
 from cnnlab.resources import resource_dir
 from cnnlab.run import RunStats, make_backend, run_network
+from cnnlab.tracing import NO_TRACE, Tracer
 
 if TYPE_CHECKING:
     from cnnlab.trace.recorder import Recorder
@@ -75,9 +75,10 @@ def run(args: argparse.Namespace) -> int:
     # Every write first (the outputs, --timing-json, --trace, the lab's line), every rename last: a failure or a signal
     # anywhere before leaves each path as it was.
     with OutputSet() as together:
-        # A regular file's images or text go into device rooms (not text the host parses): the copier is made ahead.
-        rooms_ahead = os.path.isfile(input_path) and (is_npy(input_path) or not args.host_parse)
-        backend = make_backend(args.mode, cnn, args.batch, args.host_parse, args.kernel, args.threads, gpus, trace, rooms_ahead)
+        # A regular file's images or text go straight into device buffers (not text the host parses): the file copier
+        # is made ahead.
+        copier_ahead = os.path.isfile(input_path) and (is_npy(input_path) or not args.host_parse)
+        backend = make_backend(args.mode, cnn, args.batch, args.host_parse, args.kernel, args.threads, gpus, trace, copier_ahead)
         with closed_on_failure(backend) if args.process_ends else backend:
             interrupts.raise_if_received()  # the backend's modules were imported just now
             stats = run_network(backend, input_path, output_path, args.read_ahead, together, trace)

@@ -91,17 +91,17 @@ class CpuBackend(HostMemory):
     def free_images(self, buffer: np.ndarray) -> None:
         """Nothing to give back: the pages go with the last array on them."""
 
-    def device_room(self, count: int) -> None:
+    def image_buffer(self, count: int) -> None:
         """None: the CPU has no device memory; a file's images are mapped (reads_in_place) or read into host buffers."""
         return None
 
-    def text_rooms(self, image_bytes: float) -> None:
+    def csv_double_buffer(self, image_bytes: float) -> None:
         """None: the CPU parses CSV itself, from a mapping of the file."""
         return None
 
     def compute(self, batch: Batch, check_finite: bool = False) -> OutputBatch:
         """The batch's outputs; `check_finite`: an ArrayError where an image holds a NaN or an infinity."""
-        assert isinstance(batch, ImageBatch)  # CSV text comes only to a backend with csv_text set, a DeviceBatch with a room
+        assert isinstance(batch, ImageBatch)  # CSV text comes only to a backend with csv_text set, a DeviceBatch with a device buffer
         outputs = np.empty((len(batch), OUT_LAYER_SIZE))
         if self._forward.compute(batch.images, outputs, check_finite) >= 0:
             raise nonfinite_error("images")

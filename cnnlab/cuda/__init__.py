@@ -1,19 +1,20 @@
 """The CUDA backend (the lab's cuda.rs) and its build step (the lab's build.rs).
 
-context.py     CudaContext: owns the driver context, the modules, the weights, the lanes and the memory
+context.py     CudaContext: owns the driver context, the modules, the weights, the chunk streams and the memory
 driver.py      the driver started early, imported through PyCUDA (typed here: Driver), its errors as one-line DeviceErrors
 gpus.py        which GPUs the driver is shown (the command line: only its run's), and the user's numbers for its ordinals
 teardown.py    the helper, forked before the driver starts, that closes the driver's files after the run's process ends
 memory.py      Allocator: device and page-locked host memory
-file_copier.py FileCopier and FileRoom: a .npy file's bytes straight into device memory, through small bounce buffers
-lanes.py       Lanes: a call's chunks dealt over streams; where a chunk's images come from and its outputs go
+file_copier.py FileCopier and DeviceImageBuffer: a file's bytes straight into device memory, through staging buffers
+file_buffers.py  FileBuffers: a context's image buffers and CSV double buffers, and the file copier that fills them
+chunk_streams.py  ChunkStreams: a call's chunks dealt over streams; where a chunk's images come from and outputs go
 kernels.py     kernel/kernel.cu's sizes, defined once, and one launcher per kernel
 ladder.py      the optimization ladder: the rungs, what each teaches, how exact it is, the launch configuration
 launchers.py   each rung's sizes, builds and launcher
 device_setup.py  what the launchers need of the context (DeviceSetup): the device's limits, modules loaded on need
 csv_parser.py  kernel/csv.cu's launchers: the lab's input CSV parsed on the GPU
 nvcc.py        one kernel source compiled by nvcc to PTX and a fatbin, where stale
-spread.py      several GPUs as one backend: each batch split in input order over them
+multi_gpu.py   MultiGpuBackend: several GPUs as one backend, each batch split in input order into a shard a GPU
 buildstep.py   `python build.py`: every kernel source and ladder variant built, one nvcc per core
 
 Nothing is imported here: `python -m cnnlab cuda` imports driver.py before numpy, to start the driver sooner.

@@ -2,7 +2,7 @@
 
 The host cuts the file into blocks at line ends (after the first line, N), counts each block's non-blank
 lines on the CPU where it reads them (a pipe's text) or leaves the count to the device (a regular file's
-ranges, copied straight to the device: csv_rooms.py), and calls `CsvParser.parse`, which
+ranges, copied straight to the device: csv_double_buffer.py), and calls `CsvParser.parse`, which
 launches csv.cu's kernels on the caller's stream: every value becomes the double float() gives for
 its text, written as row `first_row + r` of `images` (rows of 100 doubles, the layout conv2d_relu
 reads). The block's `CsvStatus` comes back with `fetch_status` and reads as a `BlockResult`:
@@ -15,7 +15,10 @@ reads). The block's `CsvStatus` comes back with `fetch_status` and reads as a `B
 - otherwise `host_fields` lists the few values (row, field, offset, length) the device could not
   prove; `host_values` converts them with float() and `patch` writes them in (they are NaN until then).
 
-Scratch: one device buffer per lane of `scratch_bytes(max_block_bytes, max_rows)` bytes (12 bytes per
+`CsvParse` holds the buffers one parse needs and runs the status flow that follows it, for both of its callers (a
+chunk stream's text, chunk_streams.py; a file's ranges, csv_double_buffer.py).
+
+Scratch: one device buffer per parse of `scratch_bytes(max_block_bytes, max_rows)` bytes (12 bytes per
 8 KB of text; per row 8 bytes of span and 400 of field ends; 2 KB of patch values), a status of
 STATUS_DTYPE.itemsize bytes per block in flight, and nothing allocated per call (a 2 KB page-locked
 staging buffer for patches is made once).
@@ -26,12 +29,17 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from cnnlab.files.lines import MAX_LINE_BYTES
 from cnnlab.files.rows import Layout
+from cnnlab.tracing import NO_TRACE, Tracer
+
+if TYPE_CHECKING:
+    from cnnlab.cuda.driver import DeviceAllocation, Driver
+    from cnnlab.cuda.memory import Allocator
 
 WIDTH = 100  # values per line; csv.cu's CSV_WIDTH
 TILE_BYTES = 8192  # csv_tile_summaries and csv_index_rows: bytes per thread block (32 a thread)
@@ -96,7 +104,7 @@ def field_values(fields: Iterable[bytes]) -> np.ndarray:
 
 
 def scratch_bytes(max_block_bytes: int, max_rows: int) -> int:
-    """Device scratch one lane needs for blocks of up to `max_block_bytes` bytes and `max_rows` rows."""
+    """Device scratch one parse needs for blocks of up to `max_block_bytes` bytes and `max_rows` rows."""
     return HOST_SLOTS * 8 + _round16(math.ceil(max_block_bytes / TILE_BYTES) * SEG_BYTES) + max_rows * (SPAN_BYTES + 4 * WIDTH)
 
 
@@ -106,7 +114,7 @@ def _round16(n: int) -> int:
 
 def _grid(blocks: int, counted: bool) -> int:
     """The blocks to launch for a kernel that strides: all of them for a counted block, at most UNCOUNTED_GRID where the
-    rows are only a bound (most of a room's bound is never reached: a row of random values is ~10x the shortest)."""
+    rows are only a bound (most of a text buffer's bound is never reached: a row of random values is ~10x the shortest)."""
     return blocks if counted else min(blocks, UNCOUNTED_GRID)
 
 
@@ -116,7 +124,7 @@ def _record(event: Any, stream: Any) -> None:
 
 
 class CsvParser:
-    """One lane's GPU CSV parser: csv.cu's kernels from `module`, and the lane's scratch (device address)."""
+    """csv.cu's kernels from `module`, launched over one parse's scratch (device address)."""
 
     def __init__(self, module: Any, scratch: Any, max_block_bytes: int, max_rows: int) -> None:
         import pycuda.driver as driver
@@ -156,7 +164,7 @@ class CsvParser:
         """Queue the parse of `nbytes` of text at `block` into rows first_row.. of `images`, status to `status`. Where
         `layout` is given, the rows must stand where its blank-line rule lets them (files/rows.py), the block's first
         row being the file's row `file_row` (counted from its first image's first; a block starts just after a row).
-        `rows`: the block's non-blank lines as the host counted them; None where it has not (a room of a file's text):
+        `rows`: the block's non-blank lines as the host counted them; None where it has not (a range of a file's text):
         the device's count stands then, up to max_rows (more is a bad row), and `images` must hold that many after
         first_row.
 
@@ -228,3 +236,55 @@ class CsvParser:
         self._patch_fields.prepared_async_call(
             grid, (PATCH_THREADS, 1, 1), stream, images, np.int32(first_row), status, self._values, np.int32(count)
         )
+
+
+class CsvParse:
+    """The device buffers of a GPU CSV parse and the flow of its status: `texts` text buffers of `text_bytes` (one for a
+    chunk stream, two for a file's double buffering), the parser's scratch for blocks of up to `rows` rows, the status on
+    the device and page-locked on the host, and the event recorded once the status has arrived."""
+
+    def __init__(self, driver: Driver, memory: Allocator, module: Any, text_bytes: int, rows: int, texts: int = 1) -> None:
+        self._memory, self.text_bytes = memory, text_bytes
+        self._allocations: list[DeviceAllocation | np.ndarray] = []
+        try:
+            self.texts = [self._device(text_bytes) for _ in range(texts)]
+            self._status = self._device(STATUS_DTYPE.itemsize)
+            self._parser: Any = CsvParser(module, self._device(scratch_bytes(text_bytes, rows)), text_bytes, rows)
+            self._host_status = memory.host(1, STATUS_DTYPE)
+            self._allocations.append(self._host_status)
+        except BaseException:  # what was made goes back
+            self.free()
+            raise
+        self._status_ready: Any = driver.Event(driver.event_flags.DISABLE_TIMING)
+
+    def _device(self, nbytes: int) -> DeviceAllocation:
+        allocation = self._memory.device(nbytes)
+        self._allocations.append(allocation)
+        return allocation
+
+    def queue(
+        self, stream: Any, text: Any, nbytes: int, images: Any, first_row: int, rows: int | None, layout: Layout, file_row: int,
+        trace: Tracer = NO_TRACE,
+    ) -> None:
+        """Queue CsvParser.parse on `stream` (one span of `trace`: events cost), then the status's copy to the host."""
+        with trace.span("parse text", stream, bytes=nbytes):
+            self._parser.parse(stream, text, nbytes, images, first_row, rows, self._status, layout, file_row)
+        self._parser.fetch_status(stream, self._host_status, self._status)
+        self._status_ready.record(stream)
+
+    def result(self) -> BlockResult:
+        """What the last parse queued found, once its status has arrived."""
+        self._status_ready.synchronize()
+        return read_status(self._host_status)
+
+    def patch(self, stream: Any, images: Any, first_row: int, values: np.ndarray) -> None:
+        """Queue the writing of the host's `values` for the last parse's listed fields into `images`."""
+        self._parser.patch(stream, images, first_row, self._status, values)
+
+    def free(self) -> None:
+        """Give the memory back; the parser's event and staging buffer go with their last reference, now, on the thread
+        where the context is current."""
+        for allocation in self._allocations:
+            self._memory.free(allocation)
+        self._allocations = []
+        self._parser = self._status_ready = None

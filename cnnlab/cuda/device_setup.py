@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 from cnnlab.cuda.nvcc import Build, ensure_fatbin
 from cnnlab.errors import DeviceError
-from cnnlab.network import NO_TRACE, Cnn, Tracer
+from cnnlab.network import Cnn
+from cnnlab.tracing import NO_TRACE, Tracer
 
 if TYPE_CHECKING:
     from cnnlab.cuda.driver import DeviceAllocation, Driver, DriverDevice

@@ -13,10 +13,13 @@ import os
 import threading
 from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from cnnlab.cuda.gpus import show_only
-from cnnlab.errors import DeviceError, DeviceLostError, memory_limit_note
+from cnnlab.cuda.gpus import number, show_only
+from cnnlab.errors import ArrayError, DeviceError, DeviceLostError, memory_limit_note
+
+if TYPE_CHECKING:
+    from cnnlab.arrays import DeviceArray
 
 
 # PyCUDA has no types of its own: the parts of pycuda.driver that cnnlab calls, as import_driver() gives them. Streams,
@@ -166,6 +169,26 @@ def pointer_device(address: int) -> int | None:
     pointer_attribute_device_ordinal = 9  # CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
     result = cuda.cuPointerGetAttribute(ctypes.byref(ordinal), pointer_attribute_device_ordinal, ctypes.c_uint64(address))
     return ordinal.value if result == 0 else None
+
+
+def check_device_memory(driver: Driver, array: DeviceArray, what: str, device: int) -> None:
+    """An ArrayError unless `array` lies wholly in one allocation of GPU `device`'s memory (the user's number): a kernel
+    that read elsewhere would fault and lose the context."""
+    holder = pointer_device(array.address)
+    holder = None if holder is None else number(holder)
+    if holder is not None and holder != device:
+        raise ArrayError(
+            f"{what} lie on GPU {holder}, and this context computes on GPU {device}: use device='cuda:{holder}' "
+            f"(CudaContext(cnn, device={holder})), or copy them to GPU {device}"
+        )
+    try:
+        base, size = driver.mem_get_address_range(array.address)
+    except driver.Error:
+        raise ArrayError(
+            f"{what} at {array.address:#x} is not device memory of GPU {device}'s primary context, which cnnlab uses"
+        ) from None
+    if array.address + array.nbytes > int(base) + size:
+        raise ArrayError(f"{what} ({array.nbytes} bytes at {array.address:#x}) run past the end of their allocation")
 
 
 def import_driver() -> Driver:

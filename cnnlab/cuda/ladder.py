@@ -7,7 +7,7 @@ that opens with what it changes from the rung below, how its threads map to the 
 napkin math; cnnlab/cuda/launchers.py has its sizes, its builds and one small launcher. Every
 launcher has the same interface: it writes partials[segments][stride][10] that the host adds up
 (or sum_segments on the device, for the API's out=), exactly as the default design does, so
-CudaContext runs any rung through the same lanes (`LaunchConfig.kernel`). Here: the rungs, what each
+CudaContext runs any rung through the same chunk streams (`LaunchConfig.kernel`). Here: the rungs, what each
 teaches, how exact it is, its traffic model, and the launch configuration that names one.
 """
 
@@ -128,17 +128,17 @@ BY_NAME = {rung.name: rung for rung in RUNGS}
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """How the work is spread: the rung of the ladder that runs, lanes (streams), images per chunk, and for
+    """How the work is dealt out: the rung of the ladder that runs, chunk streams, images per chunk, and for
     the default rung its segments and thread-block counts."""
 
     kernel: str = DEFAULT_KERNEL
     streams: int = 3
-    chunk_images: int | None = None  # None: the batch dealt evenly over the lanes, so one batch already overlaps
+    chunk_images: int | None = None  # None: the batch dealt evenly over the streams, so one batch already overlaps
     segments: int = 4  # partial sums per output: flattened_to_dense's gridDim.y
     dense_threads: int = 256
     conv_blocks: int | None = None  # None: sized to the device
     dense_blocks: int | None = None
-    lane_bytes_cap: int | None = None  # the most device memory the lanes may take; None: what is free
+    stream_bytes_cap: int | None = None  # the most device memory the chunk streams may take; None: what is free
 
     def __post_init__(self) -> None:
         if self.kernel not in BY_NAME:

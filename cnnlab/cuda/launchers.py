@@ -1,5 +1,5 @@
 """The optimization ladder's launchers: each rung's sizes, defined here once and passed to nvcc as -D flags,
-its builds, and one small launcher per rung, all behind one interface (Launcher), so that a lane runs
+its builds, and one small launcher per rung, all behind one interface (Launcher), so that a chunk stream runs
 any rung as it runs the default. What they need of the context is a DeviceSetup (device_setup.py).
 
 cnnlab/cuda/ladder.py lists the rungs, with what each teaches and how exact it is; the kernels are
@@ -30,7 +30,7 @@ SWEEP_THREADS = (64, 128, 256, 512, 1024)  # rung 5: dense_tree's threads per bl
 BLOCK_SWEEP_BEST = (12, 128)  # rung 5's (bands, threads) for `cnnlab cuda`: the fastest pair of the H100 sweep (BENCHMARKS.md)
 COARSE_IMAGES, COARSE_THREADS, COARSE_SEGMENTS = 4, 256, 4  # rung 7 (and rung 12's dense kernel)
 FUSED_THREADS = 256  # rung 8
-# Rung 9: images per tile and shared-memory buffers taking turns. 8 x 2 leaves room for two blocks a
+# Rung 9: images per tile and shared-memory buffers taking turns. 8 x 2 leaves space for two blocks a
 # multiprocessor (108,800 bytes each), whose barriers then fall at different times; on the H100 it beat
 # 16 x 2 (one block of 186,112 bytes) and deeper pipelines of one block (tools/ladder_sweep.py; docs/ladder.md, rung 9).
 FT_TILE_IMAGES, FT_STAGES = 8, 2
@@ -94,7 +94,7 @@ class Launcher(Protocol):
     """A rung's launches for one chunk: images at device address `images`, partials[segments][stride][10] out."""
 
     segments: int
-    needs_conv_out: bool  # whether the lane must hold 4,000 activations an image, between the rung's two kernels
+    needs_conv_out: bool  # whether the chunk stream must hold 4,000 activations an image, between the rung's two kernels
 
     @property
     def pass_images(self) -> int | None:

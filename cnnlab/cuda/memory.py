@@ -1,8 +1,8 @@
 """Device and page-locked host memory for a CUDA context: the allocator, which can take back what it gives out and
 frees whatever is still out when the context closes, and the copier that fills page-locked buffers from a caller's.
 
-Page-locked buffers are the process's own pages registered with the driver (cuMemHostRegister), not the
-driver's own allocations: about 3x faster to make on the H100 machine.
+Page-locked buffers are the process's own pages registered with the driver (cuMemHostRegister), not the driver's own
+allocations, which took longer to make (docs/gpu.md, "Sizes").
 """
 
 from __future__ import annotations
@@ -59,10 +59,9 @@ class Allocator:
 
     def host(self, shape: tuple[int, ...] | int, dtype: Any = np.float64) -> np.ndarray:
         """Page-locked host memory: pages of its own (an anonymous mapping, so that no other object shares a page
-        with it), huge where the kernel gives them, registered with the driver (cuMemHostRegister). On the H100
-        machine that made 64 MB in 10-13 ms, against 34 ms for the driver's own (cuMemHostAlloc, PyCUDA's
-        pagelocked_empty): a run's text windows are made while it reads. PyCUDA's register_host_memory refuses
-        numpy 2's arrays, hence the driver's call through ctypes."""
+        with it), huge where the kernel gives them, registered with the driver (cuMemHostRegister), faster to make
+        than the driver's own (cuMemHostAlloc, PyCUDA's pagelocked_empty): a run's text windows are made while it
+        reads. PyCUDA's register_host_memory refuses numpy 2's arrays, hence the driver's call through ctypes."""
         dtype = np.dtype(dtype)
         nbytes = math.prod(shape if isinstance(shape, tuple) else (shape,)) * dtype.itemsize
         buffer = own_pages(nbytes, "a page-locked buffer").view(dtype).reshape(shape)
@@ -103,18 +102,17 @@ class Allocator:
             self.free(allocation)
 
 
-# A copy thread's share of a chunk: 4 MB parts spread a chunk of ~55 MB (2,048 images over three lanes) over a
-# dozen threads, and each part is still long enough that handing it to a thread costs under 1% of copying it.
-PART_BYTES = 4 << 20
+# A task: the bytes a copy thread takes at a time, here and in the file copier. Here, 4 MiB tasks spread a chunk of
+# ~55 MB (2,048 images over three chunk streams) over a dozen threads, each long enough that handing it to a thread
+# costs under 1% of copying it; for the file copier, docs/gpu.md, "Sizes".
+TASK_BYTES = 4 << 20
 
 
 class HostCopier:
-    """Copies a caller's images (pageable memory, any real dtype and layout) into page-locked memory, a part a thread.
+    """Copies a caller's images (pageable memory, any real dtype and layout) into page-locked memory, a task a thread.
 
-    One thread's copy runs at a fraction of what the host-to-device link takes: on the H100 machine, CudaContext.forward
-    from numpy arrays ran 75,181 images/s (6.0 GB/s) staging on one thread, against 55 GB/s for the link, and 326,442
-    images/s on every core. numpy
-    releases the GIL while it copies, so the parts run at once.
+    One thread's copy runs at a fraction of what the host-to-device link takes (docs/gpu.md, "Sizes"); numpy releases
+    the GIL while it copies, so the tasks run at once.
     """
 
     def __init__(self, threads: int) -> None:
@@ -122,7 +120,7 @@ class HostCopier:
 
     def copy(self, target: np.ndarray, source: np.ndarray) -> None:
         """target[...] = source, converted to target's dtype as np.copyto converts, split along the leading axis."""
-        rows = max(1, PART_BYTES // max(1, target[:1].nbytes))
+        rows = max(1, TASK_BYTES // max(1, target[:1].nbytes))
         if self._pool is None or len(target) <= rows:
             np.copyto(target, source)
             return

@@ -36,13 +36,13 @@ class CsvBatch:
 
     def split(self, parts: int, every: int) -> list[CsvBatch]:
         """The batch as up to `parts` batches in order, each of whole pieces of `every` images (the span's pieces of the
-        device's chunk), as even in images as whole pieces allow: a share of the batch for each of several GPUs."""
+        device's chunk), as even in images as whole pieces allow: a shard of the batch for each of several GPUs."""
         pieces = self.span.pieces(every * INPUT_DIM)
-        shares = [pieces[len(pieces) * k // parts : len(pieces) * (k + 1) // parts] for k in range(parts)]
+        shards = [pieces[len(pieces) * k // parts : len(pieces) * (k + 1) // parts] for k in range(parts)]
         batches, first_image = [], self.first_image
-        for share in filter(None, shares):
-            rows = sum(piece.rows for piece in share)
-            span = Span(self.span.data, share[0].start, share[-1].end, rows, share[0].line_before, tuple(share))
+        for shard in filter(None, shards):
+            rows = sum(piece.rows for piece in shard)
+            span = Span(self.span.data, shard[0].start, shard[-1].end, rows, shard[0].line_before, tuple(shard))
             batches.append(CsvBatch(self.path, span, rows // INPUT_DIM, first_image, self.layout, self.count, self.cut_line))
             first_image += rows // INPUT_DIM
         return batches

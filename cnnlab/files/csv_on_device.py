@@ -1,10 +1,11 @@
-"""A regular CSV file's text read straight into a backend's device memory and parsed there (cuda mode), its rooms
-(network.TextRooms) filled with ranges of the file that end just after a row, so that the host never holds the text
-nor counts its lines.
+"""A regular CSV file's text read straight into a backend's device memory and parsed there (cuda mode): its double
+buffer's text buffers (network.CsvDoubleBuffer) filled with ranges of the file that end just after a row, so that the
+host never holds the text nor counts its lines.
 
 A read hands over the images of one range: it queues that range's parse while the next range fills, waits for what
-the parse found, starts the fill of the range after the next into the room just parsed (queued behind the next's, so
-that the copier's threads go from one fill to the other), and waits for the next range's fill. The device counts the
+the parse found, starts the fill of the range after the next into the text buffer just parsed (queued behind the
+next's, so that the copier's threads go from one fill to the other), and waits for the next range's fill
+(cuda/csv_double_buffer.py numbers the steps). The device counts the
 rows; the reader keeps the tally (the file's row each range starts at, the rows of an image a range leaves unfinished,
 which the next parse takes first). The device names no line: where it finds anything amiss, or the file ends or
 changes under the run, the host's reader reads the file as cpu mode does, and its error is the run's.
@@ -19,11 +20,12 @@ from dataclasses import dataclass
 
 from cnnlab.errors import InputFileError
 from cnnlab.files.csv_reader import CsvImageReader, first_error
-from cnnlab.network import INPUT_DIM, NO_TRACE, RoomImages, TextRooms, Tracer
+from cnnlab.network import INPUT_DIM, CsvDoubleBuffer, ImageBuffer
+from cnnlab.tracing import NO_TRACE, Tracer
 
 BLANK = b" \t\r\v\f"  # what a blank line holds besides its '\n' (Python's bytes.strip() and csv.cu agree)
 # The last range's bytes, about: the run ends once its parse, compute and write are done, after every fill, so it is
-# small (~170 images of random values; 1-2 ms where a room's ~2,800 took ~10 ms on the H100 machine).
+# small (docs/gpu.md, "Sizes").
 LAST_RANGE_BYTES = 32 << 20
 # The bytes looked at for a range's last row end: first a few rows' worth (the reader's thread holds the GIL while it
 # looks, which the copier's threads wait for), then a line's longest (MAX_LINE_BYTES), then the whole range.
@@ -33,19 +35,21 @@ TAIL_BYTES = (1 << 20) + 1
 
 @dataclass(frozen=True)
 class TextRange:
-    """`nbytes` of the file from `offset`, filled into a text room."""
+    """`nbytes` of the file from `offset`, filled into a text buffer."""
 
     offset: int
     nbytes: int
 
 
 class CsvRangeReader:
-    """The images of a regular CSV file, read and parsed in a backend's device rooms, a range at a time."""
+    """The images of a regular CSV file, read and parsed in a backend's device buffers, a range at a time."""
 
-    def __init__(self, reader: CsvImageReader, rooms: TextRooms, start: int, separated: bool, trace: Tracer = NO_TRACE) -> None:
+    def __init__(
+        self, reader: CsvImageReader, buffers: CsvDoubleBuffer, start: int, separated: bool, trace: Tracer = NO_TRACE
+    ) -> None:
         """`start`: the offset of the line after the count; `separated`: the file's layout (read from its head); `trace`
         gets a span of each wait for a fill and for a parse."""
-        self._reader, self.rooms, self._separated, self._trace = reader, rooms, separated, trace
+        self._reader, self.buffers, self._separated, self._trace = reader, buffers, separated, trace
         reader.read_elsewhere = True
         self._fd, self._size = reader.fileno(), reader.size
         self._next = start  # the next range's first byte
@@ -58,29 +62,29 @@ class CsvRangeReader:
     @property
     def images_a_fill(self) -> int:
         """About how many images a fill takes, from the file's bytes an image."""
-        return max(1, min(self._reader.count, round(self.rooms.text_bytes * self._reader.count / self._size)))
+        return max(1, min(self._reader.count, round(self.buffers.text_bytes * self._reader.count / self._size)))
 
-    def read(self, stop: threading.Event) -> tuple[RoomImages, int] | None:
-        """The next whole images: their device room and their count; None when the file's N images were all read."""
-        if not self._started:  # both text rooms filled at once, the second's tasks taken as the first's run out
+    def read(self, stop: threading.Event) -> tuple[ImageBuffer, int] | None:
+        """The next whole images: their image buffer and their count; None when the file's N images were all read."""
+        if not self._started:  # both text buffers filled at once, the second's tasks taken as the first's run out
             self._started = True
             self._start_fill(stop)
             self._start_fill(stop)
             self._filled = self._fill(stop)
         while self._filled is not None and not stop.is_set():
             parsing = self._filled
-            self.rooms.parse(parsing.nbytes, self._rows, self._carry, self._separated)  # while the next range fills
+            self.buffers.parse(parsing.nbytes, self._rows, self._carry, self._separated)  # while the next range fills
             with self._trace.span("wait for parse", bytes=parsing.nbytes):
-                found = self.rooms.parsed(self._carry, self._reader.path)
+                found = self.buffers.parsed(self._carry, self._reader.path)
             if found is None or self._rows + found[0] > self._reader.count * INPUT_DIM:  # a bad row, or rows past N images
-                raise self._error(stop)  # (a fill under way is stopped as the rooms are freed)
-            self._start_fill(stop)  # the range after the next, into this range's room, queued behind the next's fill
+                raise self._error(stop)  # (a fill under way is stopped as the buffers are freed)
+            self._start_fill(stop)  # the range after the next, into this range's buffer, queued behind the next's fill
             self._filled = self._fill(stop)
-            rows, room = found
+            rows, buffer = found
             images, self._carry = divmod(self._carry + rows, INPUT_DIM)
             self._rows += rows
             if images:
-                return room, images
+                return buffer, images
         if not stop.is_set() and self._rows < self._reader.count * INPUT_DIM:
             raise self._error(stop)  # the file ends before its N images
         return None
@@ -88,17 +92,17 @@ class CsvRangeReader:
     def _start_fill(self, stop: threading.Event) -> None:
         """Cut the next range and start its fill, where the file has one left."""
         if (taken := self._range()) is not None:
-            self.rooms.start_fill(self._fd, taken.offset, taken.nbytes, stop)
+            self.buffers.start_fill(self._fd, taken.offset, taken.nbytes, stop)
             self._filling.append(taken)
 
     def _range(self) -> TextRange | None:
-        """The next range: up to a text room's size, cut just after a row; None at the file's end."""
+        """The next range: up to a text buffer's size, cut just after a row; None at the file's end."""
         if self._next >= self._size:
             return None
         rest = self._size - self._next
-        if rest > self.rooms.text_bytes:
-            end = self._cut(self._next + self.rooms.text_bytes)
-        else:  # the file's rest fits a room: a small range of it last, where it is more than two such
+        if rest > self.buffers.text_bytes:
+            end = self._cut(self._next + self.buffers.text_bytes)
+        else:  # the file's rest fits a text buffer: a small range of it last, where it is more than two such
             end = self._size if rest <= 2 * LAST_RANGE_BYTES else self._cut(self._size - LAST_RANGE_BYTES)
         taken, self._next = TextRange(self._next, end - self._next), end
         return taken
@@ -109,7 +113,7 @@ class CsvRangeReader:
             return None
         taken = self._filling.popleft()
         with self._trace.span("wait for fill", bytes=taken.nbytes):
-            got = self.rooms.filled()
+            got = self.buffers.filled()
         if got < taken.nbytes and not stop.is_set():
             raise self._error(stop)  # the file was cut short under the run
         return taken
@@ -125,7 +129,7 @@ class CsvRangeReader:
                 break
         if found is None:
             found = tail.rfind(b"\n")
-        if start + found <= self._next:  # a line longer than a room: longer than any the host takes
+        if start + found <= self._next:  # a line longer than a text buffer: longer than any the host takes
             raise self._error()
         return start + found
 

@@ -22,7 +22,8 @@ from cnnlab.files.lines import MAX_LINE_BYTES, LineTooLong, Span, SpanAhead, nat
 from cnnlab.files.mapped_text import MappedTextSource, text_source
 from cnnlab.files.rows import Layout, RowPlace, check_text, cut_row, parse_rows, shorten
 from cnnlab.files.text import READ_BYTES, TextMemory, TextSource
-from cnnlab.network import INPUT_DIM, NO_TRACE, Tracer, default_threads, unsized_capacity
+from cnnlab.network import INPUT_DIM, default_threads, unsized_capacity
+from cnnlab.tracing import NO_TRACE, Tracer
 
 # Images per parse task in Python (no native parser): a block of ~3 MB of text, large enough to amortise a task.
 PARSE_IMAGES = 16
@@ -218,8 +219,8 @@ class CsvImageReader:
         parsing, first = [], 0
         try:
             for piece in span.pieces(PARSE_IMAGES * INPUT_DIM):
-                room = out[first * INPUT_DIM : (first + piece.rows) * INPUT_DIM]
-                parsing.append(self._pool.submit(parse_rows, self.path, piece, INPUT_DIM, room, self._place(span, first)))
+                rows = out[first * INPUT_DIM : (first + piece.rows) * INPUT_DIM]
+                parsing.append(self._pool.submit(parse_rows, self.path, piece, INPUT_DIM, rows, self._place(span, first)))
                 first += piece.rows
         finally:
             for future in parsing:  # never return while a thread still writes into `out`

@@ -13,7 +13,8 @@ import numpy as np
 from cnnlab.files import csv_reader, labcsv, npy
 from cnnlab.files.safety import OutputSet
 from cnnlab.files.text import TextMemory
-from cnnlab.network import NO_TRACE, OutputBatch, Tracer
+from cnnlab.network import OutputBatch
+from cnnlab.tracing import NO_TRACE, Tracer
 
 if TYPE_CHECKING:
     from typing import Self
@@ -25,7 +26,7 @@ class ImageReader(Protocol):
     count: int  # N, the images the file announces
     stop: threading.Event  # set to end a read that waits on a pipe (the run is stopping)
     values_finite: bool  # every value it reads is known finite (CSV's parsers refuse the rest; a .npy file may hold any)
-    capacity: int  # the most images the file's size leaves room for (N where it cannot be known): buffers need no more
+    capacity: int  # the most images the file's size leaves space for (N where it cannot be known): buffers need no more
     images_read: int
     step: int  # images per read_into() call that keep a read both efficient and quick to stop
 

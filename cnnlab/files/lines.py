@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from cnnlab.network import NO_TRACE, Tracer
+from cnnlab.tracing import NO_TRACE, Tracer
 
 if TYPE_CHECKING:  # concurrent.futures (with logging) is imported by the readers that make pools: not at every start
     from concurrent.futures import Executor

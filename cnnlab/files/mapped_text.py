@@ -28,7 +28,7 @@ from cnnlab.errors import InputFileError
 from cnnlab.files import lines
 from cnnlab.files.lines import MAX_LINE_BYTES, Lines, LineTooLong, Span, cut_rows, cut_summarized, prefixes_of, runs_of, spans_of
 from cnnlab.files.text import AHEAD_GAP, LINE_CHECK_BYTES, READ_BYTES, TextSource, window_size
-from cnnlab.network import Tracer
+from cnnlab.tracing import Tracer
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor, Future

@@ -3,8 +3,8 @@
 Inputs are read a batch at a time straight into the batch's buffer, with one os.preadv per core
 (it releases the GIL), so a file in the page cache moves at memory speed in one copy; a pipe or a
 FIFO is read in order. For a backend with a device of its own (the GPU), a regular file's batches
-are copied straight into its device memory instead (`read_to_device`: the backend's room does the
-copy). For a backend that reads any memory as fast as its own (the CPU), a regular file is instead
+are copied straight into its device memory instead (`read_to_device`: the backend's image buffer does
+the copy). For a backend that reads any memory as fast as its own (the CPU), a regular file is instead
 mapped and its images handed over in place, with no copy at all (`map`). Every way a file
 truncated while it is read is an error naming the file, never a crash: a read comes up short, or
 the mapping's guard (native/mapped_guard.cpp) turns the lost pages into zeros that
@@ -28,7 +28,7 @@ from cnnlab.errors import InputFileError
 from cnnlab.files.inputs import open_for_reading, reading
 from cnnlab.files.safety import AtomicOutput, OutputSet
 from cnnlab.files.text import READ_BYTES, read_at, wait_readable
-from cnnlab.network import IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, DeviceRoom, OutputBatch, default_threads, unsized_capacity
+from cnnlab.network import IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, ImageBuffer, OutputBatch, default_threads, unsized_capacity
 
 if TYPE_CHECKING:
     from cnnlab.files import _mapped_guard
@@ -164,19 +164,19 @@ class NpyImageReader:
         count = min(len(out), self.count - self.images_read)
         if count <= 0:
             return 0
-        room = out[:count].data.cast("B")
+        target = out[:count].data.cast("B")
         with reading(self.path):
-            got = self._read(room)
+            got = self._read(target)
         return self._read_whole(count, got)
 
-    def read_to_device(self, room: DeviceRoom) -> int:
-        """Copy the next images (as many as `room` holds, fewer at the end) from a regular file (seekable) straight into a
-        backend's device room; return how many (none once the run stops)."""
-        count = min(room.capacity, self.count - self.images_read)
+    def read_to_device(self, buffer: ImageBuffer) -> int:
+        """Copy the next images (as many as `buffer` holds, fewer at the end) from a regular file (seekable) straight
+        into a backend's image buffer; return how many (none once the run stops)."""
+        count = min(buffer.capacity, self.count - self.images_read)
         if count <= 0:
             return 0
         with reading(self.path):
-            got = room.fill(self._file.fileno(), self._offset + self.images_read * IMAGE_BYTES, count, self.stop)
+            got = buffer.fill(self._file.fileno(), self._offset + self.images_read * IMAGE_BYTES, count, self.stop)
         return 0 if self.stop.is_set() else self._read_whole(count, got)
 
     def _read_whole(self, count: int, got: int) -> int:
@@ -187,18 +187,18 @@ class NpyImageReader:
         self.images_read += count
         return count
 
-    def _read(self, room: memoryview) -> int:
-        """Fill `room` with the next images' bytes, as far as the file goes: a read per core, or in order from a pipe."""
+    def _read(self, target: memoryview) -> int:
+        """Fill `target` with the next images' bytes, as far as the file goes: a read per core, or in order from a pipe."""
         if self.seekable:
             if self._pool is None:
                 from concurrent.futures import ThreadPoolExecutor  # here: with logging, ~4 ms of a mapped run's start-up
 
                 self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="cnnlab-npy")
-            return read_at(self._file.fileno(), room, self._offset + self.images_read * IMAGE_BYTES, self._pool, self._threads)
+            return read_at(self._file.fileno(), target, self._offset + self.images_read * IMAGE_BYTES, self._pool, self._threads)
         got = 0
-        while got < len(room):
+        while got < len(target):
             wait_readable(self._file.fileno(), self.stop)
-            if not (part := self._file.readinto(room[got:])):
+            if not (part := self._file.readinto(target[got:])):
                 break
             got += part
         return got

@@ -138,8 +138,8 @@ def _name_limit(folder: str) -> int:
 
 def _temporary_prefix(name: str, limit: int) -> str:
     """`.name.`, shortened so that the temporary file's name (prefix, random characters, suffix) fits the file system."""
-    room = limit - _RANDOM_CHARACTERS - len(_TEMPORARY_SUFFIX) - 2
-    while len(os.fsencode(name)) > room:
+    longest = limit - _RANDOM_CHARACTERS - len(_TEMPORARY_SUFFIX) - 2
+    while len(os.fsencode(name)) > longest:
         name = name[:-1]
     return f".{name}."
 

@@ -32,7 +32,8 @@ from cnnlab.files.lines import (
     spans_of,
     summarize,
 )
-from cnnlab.network import NO_TRACE, Tracer, own_pages
+from cnnlab.network import own_pages
+from cnnlab.tracing import NO_TRACE, Tracer
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor, Future
@@ -41,7 +42,7 @@ READ_BYTES = 1 << 23  # bytes per read() call: large enough to amortise it, smal
 # The most bytes a take reads before it looks at its lines again: a line past MAX_LINE_BYTES is refused having taken at
 # most this much more memory, however many rows the take asked for.
 LINE_CHECK_BYTES = 4 * READ_BYTES
-# Where a window's bytes read ahead start: room before them for the bytes the last span left, carried there.
+# Where a window's bytes read ahead start: space before them for the bytes the last span left, carried there.
 AHEAD_GAP = 1 << 21
 
 
@@ -219,12 +220,12 @@ class TextSource:
     def _read_more(self, wanted: int | None) -> None:
         """Read the next `wanted` bytes after those not yet taken (LINE_CHECK_BYTES at most: the caller looks at the lines
         before it reads on), growing the window to hold them all (if None: as much as the window holds, or a block); one
-        byte of room is kept for a last line's '\\n'."""
+        byte of space is kept for a last line's '\\n'."""
         window = self._windows[self._current]
-        room = len(window) - 1 - self._filled
-        if wanted is None or room >= READ_BYTES:  # what the window holds: it grows only when nearly full
-            wanted = max(min(wanted or room, room), READ_BYTES // 8)
-        if room < wanted:  # by half at least, so that a window grows a few times, not at every take
+        space = len(window) - 1 - self._filled
+        if wanted is None or space >= READ_BYTES:  # what the window holds: it grows only when nearly full
+            wanted = max(min(wanted or space, space), READ_BYTES // 8)
+        if space < wanted:  # by half at least, so that a window grows a few times, not at every take
             self._grow(self._current, max(self._filled + wanted + 1, len(window) * 3 // 2))
         window = self._windows[self._current]
         count, parts = self._read_into(window, min(wanted, LINE_CHECK_BYTES))
@@ -313,10 +314,10 @@ def wait_readable(fd: int, stop: threading.Event | None) -> None:
             raise ReadStopped
 
 
-def read_at(fd: int, room: memoryview, offset: int, pool: Executor, threads: int) -> int:
-    """Fill `room` from the file's bytes at `offset` with `threads` reads at once; the bytes read (fewer at the file's end)."""
-    share = max(READ_BYTES // 4, -(-len(room) // threads))
-    parts = [(at, room[at : at + share]) for at in range(0, len(room), share)]
+def read_at(fd: int, target: memoryview, offset: int, pool: Executor, threads: int) -> int:
+    """Fill `target` from the file's bytes at `offset` with `threads` reads at once; the bytes read (fewer at the file's end)."""
+    share = max(READ_BYTES // 4, -(-len(target) // threads))
+    parts = [(at, target[at : at + share]) for at in range(0, len(target), share)]
     counts = list(pool.map(lambda part: os.preadv(fd, [part[1]], offset + part[0]), parts))
     total = 0
     for (_, part), count in zip(parts, counts):

@@ -1,9 +1,9 @@
 """`cnnlab trace-plot`: a --trace file's tracks as a Gantt chart, each resource's busy share of the loop beside it.
 
 A resource is what a kind of span occupies: the file's reads, the host's parse, the forward (cpu's compute(); the GPU's
-kernels), the copies each way, the host's reduction, the writes; in a cuda trace without --trace-chunks, the lanes (a
-stream's batch span: from its first chunk's work queued to its last one's end, so its copies, parse and kernels and
-the gaps between them: an upper bound of the lane's work). Its busy share is the union of its spans over the
+kernels), the copies each way, the host's reduction, the writes; in a cuda trace without --trace-chunks, the chunk
+streams (a stream's batch span: from its first chunk's work queued to its last one's end, so its copies, parse and
+kernels and the gaps between them: an upper bound of the stream's work). Its busy share is the union of its spans over the
 loop's wall time: the resource near 100% is the bound, and the others wait on it. Where a track's innermost spans carry
 bytes, its rate of each kind (bytes over the time its spans of that kind ran) is written beside it.
 """
@@ -35,10 +35,10 @@ KINDS = {
 }  # fmt: skip
 COLORS = {
     "read": "tab:blue", "parse": "tab:orange", "compute": "tab:green", "kernel": "tab:red", "write": "tab:purple",
-    "copy H2D": "tab:cyan", "copy D2H": "tab:brown", "reduce": "tab:olive", "lane": "tab:pink", "wait": "0.8",
+    "copy H2D": "tab:cyan", "copy D2H": "tab:brown", "reduce": "tab:olive", "stream": "tab:pink", "wait": "0.8",
     "container": "0.93",
 }  # fmt: skip
-RESOURCES = ("read", "parse", "compute", "kernel", "copy H2D", "copy D2H", "reduce", "lane", "write")
+RESOURCES = ("read", "parse", "compute", "kernel", "copy H2D", "copy D2H", "reduce", "stream", "write")
 
 
 @dataclass
@@ -117,7 +117,7 @@ def summarize(trace: dict[str, Any]) -> TraceSummary:
         track = names.get((event["pid"], event["tid"]), f"thread {event['tid']}")
         tracks.setdefault(track, None)  # threads of one name (a take per step) share a row
         on_stream = event["pid"] == GPU_PID
-        kind = "lane" if on_stream and event["name"] == "batch" else KINDS.get(event["name"], "kernel" if on_stream else "other")
+        kind = "stream" if on_stream and event["name"] == "batch" else KINDS.get(event["name"], "kernel" if on_stream else "other")
         nbytes = event.get("args", {}).get("bytes")
         spans.append(Span(track, event["name"], kind, event["ts"], event["ts"] + event["dur"], nbytes))
     loop = [span for span in spans if span.name == "loop" and span.track == MAIN_THREAD]

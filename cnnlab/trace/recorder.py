@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from cnnlab.network import NO_TRACE, Tracer
+from cnnlab.tracing import NO_TRACE, Tracer
 
 HOST_PID, GPU_PID = 1, 2  # the trace's two processes: the host's threads and the GPU's streams
 MAIN_THREAD = "main loop"  # the main thread's track: the loop and compute() (the writes too, where not on the writer's)

@@ -17,5 +17,5 @@
 // Napkin math per image: as rung 9 in bytes (80,000 read, 80 written, 320 KB / FT_TILE_IMAGES of
 // weights from L2); 250 fewer FP64 instructions a patch: 100,000 conv FMAs and 40,000 dense FMAs,
 // 140,000 FP64 instructions an image, ~8 us per million images on the H100's FP64 pipe against
-// ~27 us to read them: memory-bound with room to spare.
+// ~27 us to read them: memory-bound with time to spare.
 #include "09_fused_tiled.cu"

@@ -1,5 +1,5 @@
-"""A regular .npy file's images copied straight into a backend's device memory (its rooms) rather than through host
-buffers: the run's plumbing with a CPU stand-in (a "room" of host memory filled by os.preadv, in CI), and on a GPU the
+"""A regular .npy file's images copied straight into a backend's device memory (its image buffers) rather than through
+host buffers: the run's plumbing with a CPU stand-in (an image buffer of host memory filled by os.preadv, in CI), and on a GPU the
 copier's bytes, cuda mode's outputs against the copied path's, and a file that ends or holds a NaN under a run.
 """
 
@@ -18,7 +18,7 @@ from helpers import assert_one_line_error, cnnlab, cpu_outputs, random_cnn, why_
 
 from cnnlab.backend import Batch, DeviceBatch, TextBatching
 from cnnlab.cpu.backend import CpuBackend
-from cnnlab.cuda.spread import Spread
+from cnnlab.cuda.multi_gpu import MultiGpuBackend
 from cnnlab.errors import DeviceError, InputFileError
 from cnnlab.files.csv_batch import CsvBatch
 from cnnlab.generate import random_values, write_cnn_file
@@ -28,8 +28,8 @@ from cnnlab.run import run_network
 GPU = pytest.mark.skipif(why_no_gpu() is not None, reason=str(why_no_gpu()))
 
 
-class HostRoom:
-    """A device room's place taken by host memory: filled by one os.preadv, as the copier's threads fill a GPU's."""
+class HostImageBuffer:
+    """An image buffer's place taken by host memory: filled by one os.preadv, as the copier's threads fill a GPU's."""
 
     def __init__(self, capacity: int, cut: Path | None) -> None:
         self.capacity, self.images, self._cut, self.fills = capacity, np.full((capacity, INPUT_DIM, INPUT_DIM), np.pi), cut, 0
@@ -49,25 +49,25 @@ class HostRoom:
 
 
 class StandIn(CpuBackend):
-    """A backend with a device: its rooms are host memory, and compute() takes their batches."""
+    """A backend with a device: its image buffers are host memory, and compute() takes their batches."""
 
     reads_in_place = False
 
-    def __init__(self, cnn: Cnn, cut: Path | None = None, rooms_made: int | None = None) -> None:
-        """`rooms_made`: how many rooms it makes before the next cannot be (as device memory runs out), None: no end."""
+    def __init__(self, cnn: Cnn, cut: Path | None = None, buffers_made: int | None = None) -> None:
+        """`buffers_made`: how many image buffers it makes before the next cannot be (as device memory runs out), None: no end."""
         super().__init__(cnn, batch_size=16, threads=1)
-        self.rooms: list[HostRoom] = []
-        self._cut, self._rooms_made = cut, rooms_made
+        self.buffers: list[HostImageBuffer] = []
+        self._cut, self._buffers_made = cut, buffers_made
 
-    def device_room(self, count: int) -> HostRoom:  # type: ignore[override]
-        if len(self.rooms) == self._rooms_made:
-            raise DeviceError("cannot make room on the device for a batch of the file's images: out of memory")
-        self.rooms.append(HostRoom(min(count, 16), self._cut))  # a room of at most 16 images, as a GPU's of its own size
-        return self.rooms[-1]
+    def image_buffer(self, count: int) -> HostImageBuffer:  # type: ignore[override]
+        if len(self.buffers) == self._buffers_made:
+            raise DeviceError("cannot make an image buffer on the device for a batch of the file's images: out of memory")
+        self.buffers.append(HostImageBuffer(min(count, 16), self._cut))  # a buffer of at most 16 images, as a GPU's of its own size
+        return self.buffers[-1]
 
     def compute(self, batch: Batch, check_finite: bool = False) -> OutputBatch:
-        assert isinstance(batch, DeviceBatch) and isinstance(batch.room, HostRoom)
-        return super().compute(ImageBatch(batch.room.images[: len(batch)]), check_finite)
+        assert isinstance(batch, DeviceBatch) and isinstance(batch.buffer, HostImageBuffer)
+        return super().compute(ImageBatch(batch.buffer.images[: len(batch)]), check_finite)
 
 
 def save(path: Path, images: np.ndarray) -> Path:
@@ -76,18 +76,18 @@ def save(path: Path, images: np.ndarray) -> Path:
 
 
 @pytest.mark.parametrize("count", [1, 16, 17, 50])
-def test_a_npy_file_goes_through_the_rooms_with_the_outputs_of_the_cpu(tmp_path: Path, rng: np.random.Generator, count: int) -> None:
+def test_a_npy_file_goes_through_image_buffers_with_the_outputs_of_the_cpu(tmp_path: Path, rng: np.random.Generator, count: int) -> None:
     cnn, images = random_cnn(rng), random_values(rng, count, INPUT_DIM, INPUT_DIM)
     with StandIn(cnn) as backend:
         stats = run_network(backend, save(tmp_path / "in.npy", images), tmp_path / "out.npy")
-        rooms = backend.rooms
-    assert len(rooms) == 2 and sum(room.fills for room in rooms) == -(-count // 16)  # a fill a batch
-    assert all(room.freed for room in rooms)  # given back when the run is over
+        buffers = backend.buffers
+    assert len(buffers) == 2 and sum(buffer.fills for buffer in buffers) == -(-count // 16)  # a fill a batch
+    assert all(buffer.freed for buffer in buffers)  # given back when the run is over
     assert stats.images == count
     assert np.array_equal(np.load(tmp_path / "out.npy").view(np.uint64), cpu_outputs(cnn, images).view(np.uint64))
 
 
-def test_a_nan_in_a_room_is_named_from_its_host_copy(tmp_path: Path, rng: np.random.Generator) -> None:
+def test_a_nan_in_a_image_buffer_is_named_from_its_host_copy(tmp_path: Path, rng: np.random.Generator) -> None:
     images = random_values(rng, 40, INPUT_DIM, INPUT_DIM)
     images[37, 5, 6] = np.nan
     with StandIn(random_cnn(rng)) as backend, pytest.raises(InputFileError, match="image 38 holds nan"):
@@ -102,33 +102,33 @@ def test_a_file_cut_short_under_a_run_is_an_error_and_no_output(tmp_path: Path, 
     assert not (tmp_path / "out.npy").exists()
 
 
-@pytest.mark.parametrize("gpus, rooms_made", [(1, 0), (1, 1), (2, 0), (2, 1)])
-def test_rooms_made_before_one_that_cannot_be_are_freed(tmp_path: Path, rng: np.random.Generator, gpus: int, rooms_made: int) -> None:
-    """The last GPU runs out of device memory at its first or second room: the run ends in that error, with every room
+@pytest.mark.parametrize("gpus, buffers_made", [(1, 0), (1, 1), (2, 0), (2, 1)])
+def test_buffers_made_before_one_that_cannot_be_are_freed(tmp_path: Path, rng: np.random.Generator, gpus: int, buffers_made: int) -> None:
+    """The last GPU runs out of device memory at its first or second buffer: the run ends in that error, with every buffer
     made before it (the other GPUs' and its own) freed and nothing written."""
     cnn, path = random_cnn(rng), save(tmp_path / "in.npy", random_values(rng, 40, INPUT_DIM, INPUT_DIM))
-    makes = [partial(StandIn, cnn) for _ in range(gpus - 1)] + [partial(StandIn, cnn, rooms_made=rooms_made)]
-    with Spread(makes) as spread, pytest.raises(DeviceError, match="out of memory"):
-        run_network(spread, path, tmp_path / "out.npy")
-    rooms = [room for backend in spread._backends for room in backend.rooms]  # type: ignore[attr-defined]
-    assert len(rooms) == gpus * rooms_made + gpus - 1 and all(room.freed for room in rooms)
+    makes = [partial(StandIn, cnn) for _ in range(gpus - 1)] + [partial(StandIn, cnn, buffers_made=buffers_made)]
+    with MultiGpuBackend(makes) as gpus_backend, pytest.raises(DeviceError, match="out of memory"):
+        run_network(gpus_backend, path, tmp_path / "out.npy")
+    buffers = [buffer for backend in gpus_backend._backends for buffer in backend.buffers]  # type: ignore[attr-defined]
+    assert len(buffers) == gpus * buffers_made + gpus - 1 and all(buffer.freed for buffer in buffers)
     assert not (tmp_path / "out.npy").exists()
 
 
 class Interrupting(StandIn):
-    """A GPU whose first room is made as a signal reaches the main thread (a simulated SIGINT, or where `real` a SIGTERM
+    """A GPU whose first buffer is made as a signal reaches the main thread (a simulated SIGINT, or where `real` a SIGTERM
     from the system), while another GPU is still making its own."""
 
     real = False
 
-    def device_room(self, count: int) -> HostRoom:  # type: ignore[override]
+    def image_buffer(self, count: int) -> HostImageBuffer:  # type: ignore[override]
         import _thread
 
         if self.real:
             os.kill(os.getpid(), signal.SIGTERM)
         else:
             _thread.interrupt_main()
-        return super().device_room(count)
+        return super().image_buffer(count)
 
 
 class Terminating(Interrupting):
@@ -136,17 +136,17 @@ class Terminating(Interrupting):
 
 
 class Slow(StandIn):
-    def device_room(self, count: int) -> HostRoom:  # type: ignore[override]
+    def image_buffer(self, count: int) -> HostImageBuffer:  # type: ignore[override]
         time.sleep(0.2)
-        return super().device_room(count)
+        return super().image_buffer(count)
 
 
 @pytest.mark.parametrize("handlers", ["python's", "the command line's"])
-def test_a_signal_while_the_gpus_make_their_rooms_frees_every_room_made(tmp_path: Path, rng: np.random.Generator, handlers: str) -> None:
-    """A signal while several GPUs make their rooms: the run ends in the signal's exception, once every GPU's room is
+def test_a_signal_while_the_gpus_make_their_buffers_frees_every_one_made(tmp_path: Path, rng: np.random.Generator, handlers: str) -> None:
+    """A signal while several GPUs make their buffers: the run ends in the signal's exception, once every GPU's buffer is
     made and freed (none is left to the context's close). Under Python's own handler (the API) the KeyboardInterrupt
-    is caught and each room waited for; under the command line's (interrupts.install) the SIGTERM is held until they
-    are made and raised as the rooms are freed."""
+    is caught and each buffer waited for; under the command line's (interrupts.install) the SIGTERM is held until they
+    are made and raised as the buffers are freed."""
     from cnnlab import interrupts
 
     cnn, path = random_cnn(rng), save(tmp_path / "in.npy", random_values(rng, 40, INPUT_DIM, INPUT_DIM))
@@ -155,31 +155,31 @@ def test_a_signal_while_the_gpus_make_their_rooms_frees_every_room_made(tmp_path
     try:
         if first is Terminating:
             interrupts.install()
-        with Spread([partial(first, cnn), partial(Slow, cnn)]) as spread, pytest.raises(expected):
-            run_network(spread, path, tmp_path / "out.npy")
+        with MultiGpuBackend([partial(first, cnn), partial(Slow, cnn)]) as gpus_backend, pytest.raises(expected):
+            run_network(gpus_backend, path, tmp_path / "out.npy")
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         interrupts._received.clear()
-    rooms = [room for backend in spread._backends for room in backend.rooms]  # type: ignore[attr-defined]
-    assert len(rooms) == 2 and all(room.freed for room in rooms)
+    buffers = [buffer for backend in gpus_backend._backends for buffer in backend.buffers]  # type: ignore[attr-defined]
+    assert len(buffers) == 2 and all(buffer.freed for buffer in buffers)
     assert not (tmp_path / "out.npy").exists()
 
 
 class FailingFree(StandIn):
-    """A GPU that cannot give its rooms back (its context lost, say)."""
+    """A GPU that cannot give its buffers back (its context lost, say)."""
 
-    def device_room(self, count: int) -> HostRoom:  # type: ignore[override]
-        room = super().device_room(count)
-        room.free = self._fail  # type: ignore[method-assign]
-        return room
+    def image_buffer(self, count: int) -> HostImageBuffer:  # type: ignore[override]
+        buffer = super().image_buffer(count)
+        buffer.free = self._fail  # type: ignore[method-assign]
+        return buffer
 
     def _fail(self) -> None:
         raise DeviceError("cannot free device memory: an illegal memory access was encountered")
 
 
 def test_a_free_that_fails_after_the_run_failed_leaves_the_run_s_own_error(tmp_path: Path, rng: np.random.Generator) -> None:
-    """A run that fails (a NaN in the file) and whose rooms then cannot be freed ends in its own error, the one the
+    """A run that fails (a NaN in the file) and whose buffers then cannot be freed ends in its own error, the one the
     user needs; a run that succeeds and cannot free them ends in that error."""
     cnn, images = random_cnn(rng), random_values(rng, 40, INPUT_DIM, INPUT_DIM)
     path = save(tmp_path / "in.npy", images)
@@ -195,42 +195,44 @@ def test_a_free_that_fails_after_the_run_failed_leaves_the_run_s_own_error(tmp_p
 
 @pytest.mark.parametrize("gpus", [2, 3])
 @pytest.mark.parametrize("count", [1, 5, 40, 97])
-def test_several_gpus_rooms_take_the_batch_s_shares_in_order(tmp_path: Path, rng: np.random.Generator, gpus: int, count: int) -> None:
-    """Spread over stand-ins: a room on each, filled from consecutive parts of the file, the outputs in order."""
+def test_several_gpus_buffers_take_the_batch_s_shards_in_order(tmp_path: Path, rng: np.random.Generator, gpus: int, count: int) -> None:
+    """MultiGpuBackend over stand-ins: a buffer on each, filled from consecutive parts of the file, the outputs in order."""
     cnn, images = random_cnn(rng), random_values(rng, count, INPUT_DIM, INPUT_DIM)
-    with Spread([partial(StandIn, cnn) for _ in range(gpus)]) as spread:
-        stats = run_network(spread, save(tmp_path / "in.npy", images), tmp_path / "out.npy")
-        fills = [room.fills for backend in spread._backends for room in backend.rooms]  # type: ignore[attr-defined]
+    with MultiGpuBackend([partial(StandIn, cnn) for _ in range(gpus)]) as gpus_backend:
+        stats = run_network(gpus_backend, save(tmp_path / "in.npy", images), tmp_path / "out.npy")
+        fills = [buffer.fills for backend in gpus_backend._backends for buffer in backend.buffers]  # type: ignore[attr-defined]
     assert stats.images == count and stats.batch_size == min(count, 16 * gpus)
     assert len(fills) == 2 * gpus and sum(fills) >= -(-count // (16 * gpus))
     assert np.array_equal(np.load(tmp_path / "out.npy").view(np.uint64), cpu_outputs(cnn, images).view(np.uint64))
 
 
-def test_several_gpus_rooms_name_a_nan_and_refuse_a_cut_file(tmp_path: Path, rng: np.random.Generator) -> None:
+def test_several_gpus_image_buffers_name_a_nan_and_refuse_a_cut_file(tmp_path: Path, rng: np.random.Generator) -> None:
     cnn, images = random_cnn(rng), random_values(rng, 70, INPUT_DIM, INPUT_DIM)
     images[53, 0, 1] = -np.inf
-    with Spread([partial(StandIn, cnn) for _ in range(2)]) as spread, pytest.raises(InputFileError, match="image 54 holds -inf"):
-        run_network(spread, save(tmp_path / "in.npy", images), tmp_path / "out.npy")
+    stand_ins = [partial(StandIn, cnn) for _ in range(2)]
+    with MultiGpuBackend(stand_ins) as gpus_backend, pytest.raises(InputFileError, match="image 54 holds -inf"):
+        run_network(gpus_backend, save(tmp_path / "in.npy", images), tmp_path / "out.npy")
     path = save(tmp_path / "in.npy", random_values(rng, 100, INPUT_DIM, INPUT_DIM))
-    cut_at_the_third_batch = [partial(StandIn, cnn, cut=path), partial(StandIn, cnn)]  # the first GPU's first room, again
-    with Spread(cut_at_the_third_batch) as spread, pytest.raises(InputFileError, match="file ends after 64 of the 100 images"):
-        run_network(spread, path, tmp_path / "out.npy")
+    cut_at_the_third_batch = [partial(StandIn, cnn, cut=path), partial(StandIn, cnn)]  # the first GPU's first buffer, again
+    cut_file = pytest.raises(InputFileError, match="file ends after 64 of the 100 images")
+    with MultiGpuBackend(cut_at_the_third_batch) as gpus_backend, cut_file:
+        run_network(gpus_backend, path, tmp_path / "out.npy")
     assert not (tmp_path / "out.npy").exists()
-    assert all(room.freed for backend in spread._backends for room in backend.rooms)  # type: ignore[attr-defined]
+    assert all(buffer.freed for backend in gpus_backend._backends for buffer in backend.buffers)  # type: ignore[attr-defined]
 
 
 @GPU
 @pytest.mark.parametrize("nbytes", [1, 4 << 20, (4 << 20) + 8, (37 << 20) + 123])
 def test_the_copier_puts_a_file_s_bytes_on_the_device(tmp_path: Path, nbytes: int) -> None:
     """Ranges of a file at odd offsets and sizes (a task, less, more, many tasks and a tail) reach the device whole once
-    the room's ready event has passed (read back on a stream that waits for it and for nothing else); a range past the
+    the buffer's ready event has passed (read back on a stream that waits for it and for nothing else); a range past the
     file's end copies what there is and says how much."""
     from cnnlab.cuda.context import CudaContext
 
     data = np.frombuffer(os.urandom(nbytes + 4096), np.uint8)
     (tmp_path / "f").write_bytes(data.tobytes())
     with CudaContext(random_cnn(np.random.default_rng(1))) as context, open(tmp_path / "f", "rb") as file:
-        room = context.device_room(-(-(nbytes + 4096) // IMAGE_BYTES))
+        buffer = context.image_buffer(-(-(nbytes + 4096) // IMAGE_BYTES))
         # A stream of the test's (CU_STREAM_NON_BLOCKING): it waits for the copier's streams only through `ready`, where a
         # copy on the legacy default stream would wait for them all. The 37 MiB range is long enough to catch a `ready`
         # recorded before the last copies; a few MiB may land before the read-back is queued.
@@ -238,20 +240,20 @@ def test_the_copier_puts_a_file_s_bytes_on_the_device(tmp_path: Path, nbytes: in
         back = context.memory.host(nbytes, "u1")
         for offset in (0, 7, 4096):
             back[:] = 0
-            assert room._copier.copy(file.fileno(), offset, nbytes, int(room.allocation), room.ready, threading.Event()) == nbytes
-            reader.wait_for_event(room.ready)
-            context.driver.memcpy_dtoh_async(back, room.allocation, reader)
+            assert buffer._copier.copy(file.fileno(), offset, nbytes, int(buffer.allocation), buffer.ready, threading.Event()) == nbytes
+            reader.wait_for_event(buffer.ready)
+            context.driver.memcpy_dtoh_async(back, buffer.allocation, reader)
             reader.synchronize()
             assert np.array_equal(back, data[offset : offset + nbytes])
-        copied = room._copier.copy(file.fileno(), 4096 + 5, nbytes, int(room.allocation), room.ready, threading.Event())
+        copied = buffer._copier.copy(file.fileno(), 4096 + 5, nbytes, int(buffer.allocation), buffer.ready, threading.Event())
         assert copied == max(nbytes - 5, 0)
-        room.free()
+        buffer.free()
 
 
 @GPU
 def test_cuda_mode_on_a_npy_file_gives_the_copied_path_s_outputs(tmp_path: Path, rng: np.random.Generator) -> None:
-    """The same images through the rooms (cnnlab cuda on a regular file) and through page-locked buffers (the Python
-    API on the host array): the same kernels on the same values, so the same bytes; a NaN is named from the room's
+    """The same images through the buffers (cnnlab cuda on a regular file) and through page-locked buffers (the Python
+    API on the host array): the same kernels on the same values, so the same bytes; a NaN is named from the buffer's
     copy, and nothing is written."""
     from cnnlab.cuda.context import CudaContext
 
@@ -271,8 +273,8 @@ def test_cuda_mode_on_a_npy_file_gives_the_copied_path_s_outputs(tmp_path: Path,
 
 
 @GPU
-def test_two_contexts_rooms_give_one_context_s_outputs(tmp_path: Path, rng: np.random.Generator) -> None:
-    """Several GPUs' rooms, two contexts on GPU 0 standing in: each fills its share in turn, the outputs the same bytes
+def test_two_contexts_image_buffers_give_one_context_s_outputs(tmp_path: Path, rng: np.random.Generator) -> None:
+    """Several GPUs' buffers, two contexts on GPU 0 standing in: each fills its shard in turn, the outputs the same bytes
     as one context's."""
     from cnnlab.cuda.context import CudaContext
 
@@ -280,8 +282,8 @@ def test_two_contexts_rooms_give_one_context_s_outputs(tmp_path: Path, rng: np.r
     path = save(tmp_path / "in.npy", random_values(rng, 3001, INPUT_DIM, INPUT_DIM))
     with CudaContext(cnn, batch_size=1000) as context:
         run_network(context, path, tmp_path / "one.npy")
-    with Spread([partial(CudaContext, cnn, 500) for _ in range(2)]) as spread:
-        stats = run_network(spread, path, tmp_path / "two.npy")
+    with MultiGpuBackend([partial(CudaContext, cnn, 500) for _ in range(2)]) as gpus_backend:
+        stats = run_network(gpus_backend, path, tmp_path / "two.npy")
     assert stats.batch_size == 1000
     assert np.load(tmp_path / "two.npy").tobytes() == np.load(tmp_path / "one.npy").tobytes()
 
@@ -300,8 +302,8 @@ class TextStandIn(CpuBackend):
         return super().compute(ImageBatch(images), check_finite)
 
 
-def test_a_backend_that_parses_csv_itself_runs_with_no_rooms(tmp_path: Path, rng: np.random.Generator) -> None:
-    """The text branch of a run makes no rooms and frees none: its outputs are the CPU's."""
+def test_a_backend_that_parses_csv_itself_runs_with_no_image_buffers(tmp_path: Path, rng: np.random.Generator) -> None:
+    """The text branch of a run makes no buffers and frees none: its outputs are the CPU's."""
     cnn, images = random_cnn(rng), random_values(rng, 37, INPUT_DIM, INPUT_DIM)
     _, path = write_files(tmp_path, cnn, images)
     with TextStandIn(cnn, threads=1) as backend:

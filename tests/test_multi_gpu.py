@@ -1,4 +1,4 @@
-"""Several GPUs as one backend (cnnlab/cuda/spread.py): a batch's shares in order, one output file, faults as one GPU's.
+"""Several GPUs as one backend (cnnlab/cuda/multi_gpu.py): a batch's shards in order, one output file, faults as one GPU's.
 
 Where there is one GPU or none, stand-ins take the GPUs' places: CPU backends (the splitting, the ordering, the output
 file and the faults, in CI) and several contexts on GPU 0 (the contexts' own threads and page-locked buffers shared
@@ -19,7 +19,7 @@ from helpers import assert_one_line_error, assert_within_rule, cnnlab, cpu_outpu
 from cnnlab.cli import commands
 from cnnlab.cli import main as cli
 from cnnlab.cpu.backend import CpuBackend
-from cnnlab.cuda.spread import Spread
+from cnnlab.cuda.multi_gpu import MultiGpuBackend
 from cnnlab.errors import DeviceError
 from cnnlab.files.csv_reader import CsvImageReader
 from cnnlab.files.labcsv import read_output_rows
@@ -60,28 +60,28 @@ class StandIn(CpuBackend):
 
 
 @pytest.mark.parametrize("gpus", [1, 2, 3])
-def test_a_batch_spread_over_stand_ins_gives_the_outputs_in_order(rng: np.random.Generator, gpus: int) -> None:
+def test_a_batch_sharded_over_stand_ins_gives_the_outputs_in_order(rng: np.random.Generator, gpus: int) -> None:
     cnn = random_cnn(rng)
-    with Spread([partial(StandIn, cnn) for _ in range(gpus)]) as spread:
+    with MultiGpuBackend([partial(StandIn, cnn) for _ in range(gpus)]) as gpus_backend:
         for count in (1, 2, 5, 37):
             images = random_values(rng, count, 100, 100)
-            got = spread.compute(ImageBatch(images)).values
+            got = gpus_backend.compute(ImageBatch(images)).values
             assert np.array_equal(got.view(np.uint64), cpu_outputs(cnn, images).view(np.uint64)), count
-        backends = spread._backends
+        backends = gpus_backend._backends
     for backend in backends:  # each computed on the thread that made it, its own
         assert backend.threads_seen == {backend.made_on} and backend.made_on.startswith("cnnlab-gpu-")
     assert len({backend.made_on for backend in backends}) == gpus
 
 
 @pytest.mark.parametrize("name", ["in.csv", "in.npy"])
-def test_a_run_spread_over_stand_ins_writes_the_one_output_in_input_order(tmp_path: Path, rng: np.random.Generator, name: str) -> None:
+def test_a_run_sharded_over_stand_ins_writes_the_one_output_in_input_order(tmp_path: Path, rng: np.random.Generator, name: str) -> None:
     cnn = random_cnn(rng)
     images = random_values(rng, 29, 100, 100)
     _, csv_path = write_files(tmp_path, cnn, images)
     np.save(tmp_path / "in.npy", images)
-    with Spread([partial(StandIn, cnn) for _ in range(3)]) as spread:
-        spread.batch_size = 7  # several batches, each split in three
-        stats = run_network(spread, tmp_path / name, tmp_path / "out.csv")
+    with MultiGpuBackend([partial(StandIn, cnn) for _ in range(3)]) as gpus_backend:
+        gpus_backend.batch_size = 7  # several batches, each split in three
+        stats = run_network(gpus_backend, tmp_path / name, tmp_path / "out.csv")
     assert stats.images == 29 and stats.batch_size == 7
     assert np.array_equal(np.array(read_output_rows(tmp_path / "out.csv")), cpu_outputs(cnn, images))
 
@@ -95,13 +95,13 @@ def test_a_run_gives_back_the_host_buffers_it_made(tmp_path: Path, rng: np.rando
     images = random_values(rng, 29, 100, 100)
     _, csv_path = write_files(tmp_path, cnn, images)
     stand_ins = [partial(StandIn, cnn, fail_at)] + [partial(StandIn, cnn) for _ in range(gpus - 1)]
-    with Spread(stand_ins) if gpus > 1 else StandIn(cnn, fail_at) as backend:
+    with MultiGpuBackend(stand_ins) if gpus > 1 else StandIn(cnn, fail_at) as backend:
         backend.batch_size = 7
         with pytest.raises(DeviceError) if fail_at else nullcontext():  # the second batch fails on the first GPU
             run_network(backend, csv_path, tmp_path / "out.csv")
         run_network(backend, csv_path, tmp_path / "out.csv")  # the next run computes every batch
         assert np.array_equal(np.array(read_output_rows(tmp_path / "out.csv")), cpu_outputs(cnn, images))
-        first = backend._backends[0] if isinstance(backend, Spread) else backend
+        first = backend._backends[0] if isinstance(backend, MultiGpuBackend) else backend
         assert first.buffers_made == 4 and first.buffers_out == []  # type: ignore[attr-defined]
 
 
@@ -111,12 +111,12 @@ def test_a_gpu_that_fails_ends_the_run_in_one_line_with_nothing_written(
     cnn_path, input_path = write_files(tmp_path, random_cnn(rng), random_values(rng, 12, 100, 100))
     (tmp_path / "out.csv").write_text("old\n")
 
-    def spread(mode: str, cnn: Cnn, batch: int | None, *options: object) -> Spread:
-        made = Spread([partial(StandIn, cnn), partial(StandIn, cnn, fail_at=2)])  # the second GPU fails on its second share
+    def several(mode: str, cnn: Cnn, batch: int | None, *options: object) -> MultiGpuBackend:
+        made = MultiGpuBackend([partial(StandIn, cnn), partial(StandIn, cnn, fail_at=2)])  # the second GPU fails on its second shard
         made.batch_size = 4
         return made
 
-    monkeypatch.setattr(commands, "make_backend", spread)
+    monkeypatch.setattr(commands, "make_backend", several)
     assert cli.main(["cuda", str(cnn_path), str(input_path), str(tmp_path / "out.csv"), "--devices", "0,1"]) == 2
     captured = capsys.readouterr()
     assert captured.err == "cnnlab: CUDA error while computing: an illegal memory access was encountered\n" and captured.out == ""
@@ -137,25 +137,25 @@ def test_a_gpu_that_cannot_start_closes_the_others(rng: np.random.Generator) -> 
         raise DeviceError("there is no GPU 5: this machine has 2 (GPUs 0 to 1)")
 
     with pytest.raises(DeviceError, match="there is no GPU 5"):
-        Spread([partial(Closing, cnn), cannot_start, partial(Closing, cnn)])
+        MultiGpuBackend([partial(Closing, cnn), cannot_start, partial(Closing, cnn)])
     assert sorted(closed) == ["cnnlab-gpu-0", "cnnlab-gpu-2"]
 
 
 def test_csv_text_splits_into_whole_pieces_in_order(tmp_path: Path, rng: np.random.Generator) -> None:
-    """A batch of CSV text as shares of whole pieces of the chunk, for the GPUs: in order, covering the batch, each
-    share's pieces the batch's own."""
+    """A batch of CSV text as shards of whole pieces of the chunk, for the GPUs: in order, covering the batch, each
+    shard's pieces the batch's own."""
     _, path = write_files(tmp_path, random_cnn(rng), random_values(rng, 23, 100, 100))
     with CsvImageReader(path) as reader:
         batch = reader.read_text(23, 3)
     assert batch is not None
     pieces = batch.span.pieces(300)
     for parts in (1, 2, 3, 5, 8, 20):
-        shares = batch.split(parts, 3)
-        assert len(shares) == min(parts, len(pieces))
-        assert [piece for share in shares for piece in share.span.pieces(300)] == pieces
-        assert sum(len(share) for share in shares) == 23 and shares[0].span.start == batch.span.start
-        assert all(a.span.end == b.span.start for a, b in zip(shares, shares[1:])) and shares[-1].span.end == batch.span.end
-        assert max(len(share) for share in shares) - min(len(share) for share in shares) <= 3  # as even as whole pieces allow
+        shards = batch.split(parts, 3)
+        assert len(shards) == min(parts, len(pieces))
+        assert [piece for shard in shards for piece in shard.span.pieces(300)] == pieces
+        assert sum(len(shard) for shard in shards) == 23 and shards[0].span.start == batch.span.start
+        assert all(a.span.end == b.span.start for a, b in zip(shards, shards[1:])) and shards[-1].span.end == batch.span.end
+        assert max(len(shard) for shard in shards) - min(len(shard) for shard in shards) <= 3  # as even as whole pieces allow
 
 
 @pytest.mark.parametrize(
@@ -174,7 +174,7 @@ def test_gpus_are_named_by_index(arguments: list[str], message: str) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["in.csv", "in.npy"])
 def test_two_contexts_on_one_gpu_write_what_one_context_writes(tmp_path: Path, rng: np.random.Generator, name: str) -> None:
-    """GPU 0 named twice: two contexts, each on its own thread, spreading each batch (CSV parsed on the device, or
+    """GPU 0 named twice: two contexts, each on its own thread, splitting each batch (CSV parsed on the device, or
     .npy from page-locked memory the first one made): the same bytes as one context's run, within the lab's rule."""
     cnn, images = random_cnn(rng), random_values(rng, 700, 100, 100)
     cnn_path, _ = write_files(tmp_path, cnn, images)

@@ -1,16 +1,16 @@
-"""The lanes and the schedule over them: what CudaContext computes with.
+"""The chunk streams and the schedule over them: what CudaContext computes with.
 
-A lane is a stream with the device buffers of one chunk. `Lanes.schedule` deals a call's chunks to
-the lanes round-robin, a round of one chunk per lane at a time, so that the copy in of one chunk
-overlaps the kernels of another and the copy out of a third.
+A chunk stream is a CUDA stream with the device buffers of one chunk. `ChunkStreams.schedule` deals a
+call's chunks to the streams round-robin, a round of one chunk per stream at a time, so that the copy in
+of one chunk overlaps the kernels of another and the copy out of a third.
 
 Where a chunk's images come from is its source: a host batch, images already on the device, or CSV
-text parsed on the device. A source is asked twice per chunk: `start(lane, index)` queues whatever
-brings the chunk's images to the lane (copies, the parse), for every lane of a round before the first
-kernel is launched; `images(lane, index)` then returns their device address, once they are known to
-be right. Where a chunk's outputs go is its sink (added up on the host, or on the device into a
-caller's array): asked once per chunk, `take(lane, index, count)`, once the chunk's kernels are
-queued, and once at the end, `finish(lanes)`.
+text parsed on the device. A source is asked twice per chunk: `start(stream, index)` queues whatever
+brings the chunk's images to the stream's buffers (copies, the parse), for every stream of a round
+before the first kernel is launched; `images(stream, index)` then returns their device address, once
+they are known to be right. Where a chunk's outputs go is its sink (added up on the host, or on the
+device into a caller's array): asked once per chunk, `take(stream, index, count)`, once the chunk's
+kernels are queued, and once at the end, `finish(streams)`.
 """
 
 from __future__ import annotations
@@ -21,23 +21,24 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from cnnlab.cuda.csv_parser import STATUS_DTYPE, CsvParser, host_values, read_status, scratch_bytes
+from cnnlab.cuda.csv_parser import CsvParse, host_values
 from cnnlab.cuda.driver import Driver, device_errors
 from cnnlab.cuda.kernels import FindNonFinite, SumSegments
 from cnnlab.cuda.launchers import Launcher, activation_images
 from cnnlab.cuda.memory import Allocator, HostCopier
 from cnnlab.errors import DeviceError
-from cnnlab.network import IMAGE_BYTES, INPUT_DIM, NO_TRACE, OUT_LAYER_SIZE, OUT_NEURON_DIM, OutputBatch, Tracer, nonfinite_error
+from cnnlab.network import IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM, OutputBatch, nonfinite_error
+from cnnlab.tracing import NO_TRACE, Tracer
 
 
-def lane_bytes(chunk: int, launcher: Launcher) -> int:
-    """Device memory one lane takes: its images, the activations where the kernels pass them on, its partials."""
+def chunk_stream_bytes(chunk: int, launcher: Launcher) -> int:
+    """Device memory one chunk stream takes: its images, the activations where the kernels pass them on, its partials."""
     per_image = IMAGE_BYTES + launcher.segments * OUT_LAYER_SIZE * 8
     return chunk * per_image + activation_images(launcher, chunk) * OUT_NEURON_DIM * 8
 
 
-class Lane:
-    """A stream and the device buffers of one chunk: its images in, the rung's kernels, its partials out."""
+class ChunkStream:
+    """A CUDA stream and the device buffers of one chunk: its images in, the rung's kernels, its partials out."""
 
     def __init__(self, driver: Driver, memory: Allocator, chunk: int, launcher: Launcher, trace: Tracer = NO_TRACE) -> None:
         self.stream = driver.Stream()
@@ -48,7 +49,16 @@ class Lane:
         self.partials = memory.device(launcher.segments * chunk * OUT_LAYER_SIZE * 8)
         self._staging: np.ndarray | None = None  # page-locked images on their way in, made on first need
         self._staging_free = driver.Event()  # the last copy out of the staging buffer has finished
-        self.text: CsvOnDevice | None = None  # the GPU CSV parser's buffers, made on first need
+        self.csv: CsvParse | None = None  # the GPU CSV parse's buffers, made on first need
+
+    def csv_parse(self, module: Any, nbytes: int) -> CsvParse:
+        """The GPU CSV parse's buffers, for a text of at least `nbytes` (made anew, larger, where they are smaller)."""
+        if self.csv is None or self.csv.text_bytes < nbytes:
+            if self.csv is not None:
+                self.csv.free()
+                self.csv = None
+            self.csv = CsvParse(self.driver, self.memory, module, max(nbytes, 1 << 20), self.chunk * INPUT_DIM)
+        return self.csv
 
     def staging(self, count: int) -> np.ndarray:
         """The page-locked staging buffer, once the last copy out of it has finished."""
@@ -58,7 +68,7 @@ class Lane:
         return self._staging[:count]
 
     def copy_in(self, images: np.ndarray) -> None:
-        """Queue the copy of page-locked `images` to the lane's device buffer."""
+        """Queue the copy of page-locked `images` to the stream's device buffer."""
         with self.trace.span("copy in", self.stream, bytes=images.nbytes):
             self.driver.memcpy_htod_async(self.images, images, self.stream)
         # A slice of the staging buffer has the buffer itself as its base, not the buffer's base (numpy stops
@@ -79,14 +89,14 @@ class Lane:
         for allocation in (self.images, self.conv_out, self.partials, self._staging):
             if allocation is not None:
                 self.memory.free(allocation)
-        if self.text is not None:
-            self.text.free()
+        if self.csv is not None:
+            self.csv.free()
 
 
 class ChunkSource(Protocol):
-    def start(self, lane: Lane, index: int) -> None: ...
+    def start(self, chunk_stream: ChunkStream, index: int) -> None: ...
 
-    def images(self, lane: Lane, index: int) -> int: ...
+    def images(self, chunk_stream: ChunkStream, index: int) -> int: ...
 
 
 class HostImages:
@@ -95,53 +105,35 @@ class HostImages:
     def __init__(self, images: np.ndarray, chunk: int, page_locked: bool, copier: HostCopier) -> None:
         self._images, self._chunk, self._page_locked, self._copier = images, chunk, page_locked, copier
 
-    def start(self, lane: Lane, index: int) -> None:
+    def start(self, chunk_stream: ChunkStream, index: int) -> None:
         images = self._images[index * self._chunk : (index + 1) * self._chunk]
         if not self._page_locked:
-            staged = lane.staging(len(images))
+            staged = chunk_stream.staging(len(images))
             self._copier.copy(staged, images)
             images = staged
-        lane.copy_in(images)
+        chunk_stream.copy_in(images)
 
-    def images(self, lane: Lane, index: int) -> int:
-        return int(lane.images)
+    def images(self, chunk_stream: ChunkStream, index: int) -> int:
+        return int(chunk_stream.images)
 
 
 class ResidentImages:
-    """Chunks of images already in device memory: nothing to copy. Where `ready` is given (a device room's event, its
-    fill's last copy), each lane's kernels wait for it on the device."""
+    """Chunks of images already in device memory: nothing to copy. Where `ready` is given (an image buffer's event, its
+    fill's last copy), each stream's kernels wait for it on the device."""
 
     def __init__(self, address: int, chunk: int, ready: Any = None) -> None:
         self._address, self._chunk, self._ready = address, chunk, ready
 
-    def start(self, lane: Lane, index: int) -> None:
+    def start(self, chunk_stream: ChunkStream, index: int) -> None:
         if self._ready is not None:
-            lane.stream.wait_for_event(self._ready)
+            chunk_stream.stream.wait_for_event(self._ready)
 
-    def images(self, lane: Lane, index: int) -> int:
+    def images(self, chunk_stream: ChunkStream, index: int) -> int:
         return self._address + index * self._chunk * IMAGE_BYTES
 
 
-class CsvOnDevice:
-    """A lane's buffers for CSV text: the text, the parser's scratch and status, grown to the largest chunk."""
-
-    def __init__(self, lane: Lane, module: Any, nbytes: int, rows: int) -> None:
-        self._memory = lane.memory
-        self.text = self._memory.device(nbytes)
-        self.scratch = self._memory.device(scratch_bytes(nbytes, rows))
-        self.status = self._memory.device(STATUS_DTYPE.itemsize)
-        self.host_status = self._memory.host(1, STATUS_DTYPE)
-        self.status_ready = lane.driver.Event(lane.driver.event_flags.DISABLE_TIMING)
-        self.parser = CsvParser(module, self.scratch, nbytes, rows)
-        self.capacity = nbytes
-
-    def free(self) -> None:
-        for allocation in (self.text, self.scratch, self.status, self.host_status):
-            self._memory.free(allocation)
-
-
-class CsvText:
-    """Chunks of a batch of CSV text (csv_batch.CsvBatch): copied to the lane, parsed there into its images.
+class CsvTextChunks:
+    """Chunks of a batch of CSV text (csv_batch.CsvBatch): copied to the chunk stream, parsed there into its images.
 
     Whatever the device could not take (a bad line, a value it cannot prove correctly rounded) is
     done on the host: the values it lists are converted with float() and patched in; anything else
@@ -152,40 +144,33 @@ class CsvText:
         self._batch, self._module, self._chunk = batch, module, chunk
         self._pieces = batch.span.pieces(chunk * INPUT_DIM)
 
-    def start(self, lane: Lane, index: int) -> None:
+    def start(self, chunk_stream: ChunkStream, index: int) -> None:
         piece = self._pieces[index]
         nbytes = piece.end - piece.start
-        if lane.text is None or lane.text.capacity < nbytes:
-            if lane.text is not None:
-                lane.text.free()
-            lane.text = CsvOnDevice(lane, self._module, max(nbytes, 1 << 20), lane.chunk * INPUT_DIM)
-        text = lane.text
-        with lane.trace.span("copy text in", lane.stream, bytes=nbytes):
-            lane.driver.memcpy_htod_async(text.text, piece.data[piece.start : piece.end], lane.stream)
+        csv = chunk_stream.csv_parse(self._module, nbytes)
+        with chunk_stream.trace.span("copy text in", chunk_stream.stream, bytes=nbytes):
+            chunk_stream.driver.memcpy_htod_async(csv.texts[0], piece.data[piece.start : piece.end], chunk_stream.stream)
         first_row = self._batch.first_row(index, self._chunk)
-        with lane.trace.span("parse text", lane.stream, bytes=nbytes):  # the parser's kernels, one span: events cost
-            text.parser.parse(lane.stream, text.text, nbytes, lane.images, 0, piece.rows, text.status, self._batch.layout, first_row)
-        text.parser.fetch_status(lane.stream, text.host_status, text.status)
-        text.status_ready.record(lane.stream)
+        layout, trace = self._batch.layout, chunk_stream.trace
+        csv.queue(chunk_stream.stream, csv.texts[0], nbytes, chunk_stream.images, 0, piece.rows, layout, first_row, trace)
 
-    def images(self, lane: Lane, index: int) -> int:
-        piece, text = self._pieces[index], lane.text
-        assert text is not None
-        text.status_ready.synchronize()
-        result = read_status(text.host_status)
+    def images(self, chunk_stream: ChunkStream, index: int) -> int:
+        piece, csv = self._pieces[index], chunk_stream.csv
+        assert csv is not None
+        result = csv.result()
         if result.ok:
-            text.parser.patch(lane.stream, lane.images, 0, text.status, host_values(piece.data[piece.start : piece.end], result))
+            csv.patch(chunk_stream.stream, chunk_stream.images, 0, host_values(piece.data[piece.start : piece.end], result))
         else:
-            staged = lane.staging(piece.rows // INPUT_DIM)
+            staged = chunk_stream.staging(piece.rows // INPUT_DIM)
             self._batch.parse_on_host(piece, self._batch.first_row(index, self._chunk), staged.reshape(-1))
-            lane.copy_in(staged)
-        return int(lane.images)
+            chunk_stream.copy_in(staged)
+        return int(chunk_stream.images)
 
 
 class OutputSink(Protocol):
-    def take(self, lane: Lane, index: int, count: int) -> None: ...
+    def take(self, chunk_stream: ChunkStream, index: int, count: int) -> None: ...
 
-    def finish(self, lanes: list[Lane]) -> None: ...
+    def finish(self, streams: list[ChunkStream]) -> None: ...
 
 
 class HostOutputs:
@@ -196,10 +181,10 @@ class HostOutputs:
         self._partials, self._done, self._chunk, self._trace = partials, done, chunk, trace
         self.values = np.empty((math.ceil(count / chunk) * chunk, OUT_LAYER_SIZE))
 
-    def take(self, lane: Lane, index: int, count: int) -> None:
-        lane.copy_out(self._partials[index], self._done[index])
+    def take(self, chunk_stream: ChunkStream, index: int, count: int) -> None:
+        chunk_stream.copy_out(self._partials[index], self._done[index])
 
-    def finish(self, lanes: list[Lane]) -> None:
+    def finish(self, streams: list[ChunkStream]) -> None:
         chunk = self._chunk
         # Sums that overflow are infinities (or NaN: inf - inf), as the CPU's forward gives them, without numpy's warning.
         with np.errstate(over="ignore", invalid="ignore"):
@@ -218,38 +203,39 @@ class DeviceOutputs:
     def __init__(self, sum_segments: SumSegments, address: int, chunk: int) -> None:
         self._sum, self._address, self._chunk = sum_segments, address, chunk
 
-    def take(self, lane: Lane, index: int, count: int) -> None:
-        self._sum(lane.stream, lane.partials, self._address + index * self._chunk * OUT_LAYER_SIZE * 8, count, lane.chunk)
+    def take(self, chunk_stream: ChunkStream, index: int, count: int) -> None:
+        outputs = self._address + index * self._chunk * OUT_LAYER_SIZE * 8
+        self._sum(chunk_stream.stream, chunk_stream.partials, outputs, count, chunk_stream.chunk)
 
-    def finish(self, lanes: list[Lane]) -> None:
-        for lane in lanes:
-            lane.stream.synchronize()
+    def finish(self, streams: list[ChunkStream]) -> None:
+        for chunk_stream in streams:
+            chunk_stream.stream.synchronize()
 
 
-class Lanes:
-    """A context's lanes and the schedule over them: each call's chunks through the lanes, round-robin."""
+class ChunkStreams:
+    """A context's streams and the schedule over them: each call's chunks through the streams, round-robin."""
 
     def __init__(
         self, driver: Driver, memory: Allocator, launcher: Launcher, streams: int, chunk: int, cap: int | None,
         nonfinite: Any, find_nonfinite: FindNonFinite, trace: Tracer = NO_TRACE,
     ) -> None:
-        """`streams` lanes of `chunk` images, the chunk halved until their device buffers fit (or fit under `cap` bytes);
+        """`streams` streams of `chunk` images, the chunk halved until their device buffers fit (or fit under `cap` bytes);
         `nonfinite`: the device flag the kernels set where an image value is a NaN or an infinity; `trace` gets spans of
-        each chunk's copies and kernels on its lane's stream, and of the host's waits and reduction."""
+        each chunk's copies and kernels on its stream, and of the host's waits and reduction."""
         self._driver, self._memory, self._launcher, self._trace = driver, memory, launcher, trace
         self._nonfinite, self._find_nonfinite = nonfinite, find_nonfinite
         self._host_partials: np.ndarray | None = None  # page-locked (chunks, segments, chunk, 10), grown as needed
         self._chunk_done: list[Any] = []  # an event per chunk: its partials are on the host
         self._batches = 0  # the batches scheduled so far: a stream span names its batch, as chunks count from 0 in each
-        self.lanes: list[Lane] = []
+        self.streams: list[ChunkStream] = []
         self.chunk = chunk
         while True:
             try:
-                if cap is not None and streams * lane_bytes(self.chunk, launcher) > cap:
-                    raise DeviceError(f"{streams} lanes of {self.chunk} images need more than {cap} bytes")
+                if cap is not None and streams * chunk_stream_bytes(self.chunk, launcher) > cap:
+                    raise DeviceError(f"{streams} streams of {self.chunk} images need more than {cap} bytes")
                 with device_errors("cannot allocate device buffers"):
                     for _ in range(streams):
-                        self.lanes.append(Lane(driver, memory, self.chunk, launcher, trace.per_chunk))
+                        self.streams.append(ChunkStream(driver, memory, self.chunk, launcher, trace.per_chunk))
                 return
             except DeviceError:
                 self.free()
@@ -258,7 +244,7 @@ class Lanes:
                 self.chunk //= 2
 
     def __len__(self) -> int:
-        return len(self.lanes)
+        return len(self.streams)
 
     def run(self, count: int, source: ChunkSource, chunk: int | None = None, check_finite: bool = False) -> OutputBatch:
         """The outputs of `count` images from `source`, added up on the host as each chunk's partials arrive."""
@@ -268,8 +254,8 @@ class Lanes:
         return OutputBatch(outputs.values[:count])
 
     def schedule(self, count: int, source: ChunkSource, chunk: int, outputs: OutputSink, check_finite: bool) -> None:
-        """Every chunk (of `chunk` images, at most the lanes' size) through a lane, a round of one chunk
-        per lane at a time: first every lane's images are brought in, then each lane's kernels are
+        """Every chunk (of `chunk` images, at most the streams' size) through a stream, a round of one chunk
+        per stream at a time: first every stream's images are brought in, then each stream's kernels are
         queued and `outputs` takes its partials. `check_finite`: raise ArrayError if any image value
         was a NaN or an infinity (found by conv2d_relu as it loads them, or, for a rung whose kernels make
         no such check, by find_nonfinite before them)."""
@@ -287,49 +273,50 @@ class Lanes:
         self, count: int, source: ChunkSource, chunk: int, outputs: OutputSink, check_finite: bool, batch: int, flag: np.ndarray
     ) -> None:
         """schedule()'s rounds, and the wait for the last of them; the check's flag read into `flag`."""
-        lanes, trace = len(self.lanes), self._trace
+        width, trace = len(self.streams), self._trace
         per_chunk = trace.per_chunk  # the trace of each chunk's spans, or NO_TRACE and a span of the batch on each stream
         chunks = math.ceil(count / chunk)
         separate_check = check_finite and not self._launcher.checks_finite
         with device_errors("CUDA error while computing"), ExitStack() as batch_spans:
             if check_finite:
                 self._driver.memset_d32(self._nonfinite, 0, 1)
-            for first in range(0, chunks, lanes):
-                round_ = range(first, min(first + lanes, chunks))
+            for first in range(0, chunks, width):
+                round_ = range(first, min(first + width, chunks))
                 for index in round_:
-                    lane = self.lanes[index % lanes]
-                    if index < lanes and trace.enabled and per_chunk is NO_TRACE:  # the lane's first chunk: its batch span opens
-                        own = range(index, chunks, lanes)
+                    chunk_stream = self.streams[index % width]
+                    if index < width and trace.enabled and per_chunk is NO_TRACE:  # the stream's first chunk: its batch span opens
+                        own = range(index, chunks, width)
                         images = sum(min(chunk, count - mine * chunk) for mine in own)
-                        batch_spans.enter_context(trace.span("batch", lane.stream, batch=batch, chunks=len(own), images=images))
-                    with per_chunk.group("chunk in", lane.stream, batch=batch, chunk=index, images=min(chunk, count - index * chunk)):
-                        source.start(lane, index)
+                        batch_spans.enter_context(trace.span("batch", chunk_stream.stream, batch=batch, chunks=len(own), images=images))
+                    images = min(chunk, count - index * chunk)
+                    with per_chunk.group("chunk in", chunk_stream.stream, batch=batch, chunk=index, images=images):
+                        source.start(chunk_stream, index)
                 for index in round_:
-                    lane = self.lanes[index % lanes]
+                    chunk_stream = self.streams[index % width]
                     images = min(chunk, count - index * chunk)
                     with per_chunk.span("images ready", chunk=index):
-                        address = source.images(lane, index)
-                    with per_chunk.group("kernels", lane.stream, batch=batch, chunk=index, images=images):
+                        address = source.images(chunk_stream, index)
+                    with per_chunk.group("kernels", chunk_stream.stream, batch=batch, chunk=index, images=images):
                         if separate_check:
-                            self._find_nonfinite(lane.stream, address, images, self._nonfinite)
-                        lane.run(self._launcher, address, images)
+                            self._find_nonfinite(chunk_stream.stream, address, images, self._nonfinite)
+                        chunk_stream.run(self._launcher, address, images)
                     # Queued right after the kernels: its copy starts at their end, with no event of its own.
-                    with per_chunk.group("chunk out", lane.stream, follows=True, batch=batch, chunk=index, images=images):
-                        outputs.take(lane, index, images)
+                    with per_chunk.group("chunk out", chunk_stream.stream, follows=True, batch=batch, chunk=index, images=images):
+                        outputs.take(chunk_stream, index, images)
             batch_spans.close()  # each ends with the last work queued on its stream, before the wait for it
-            outputs.finish(self.lanes)
-            for lane in self.lanes:
-                trace.settle(lane.stream)
+            outputs.finish(self.streams)
+            for chunk_stream in self.streams:
+                trace.settle(chunk_stream.stream)
             if check_finite:
                 self._driver.memcpy_dtoh(flag, self._nonfinite)
 
     def _settle(self) -> None:
-        """Wait for what is queued on every lane, even through a signal (raised once every lane is waited for); in a
+        """Wait for what is queued on every stream, even through a signal (raised once every stream is waited for); in a
         lost context each wait fails at once, and nothing runs on."""
         interrupted: BaseException | None = None
-        for lane in self.lanes:
+        for chunk_stream in self.streams:
             try:
-                lane.stream.synchronize()
+                chunk_stream.stream.synchronize()
             except self._driver.Error:
                 pass
             except BaseException as error:  # KeyboardInterrupt, or SIGTERM's exception
@@ -338,7 +325,7 @@ class Lanes:
             raise interrupted
 
     def _partials_for(self, chunks: int) -> np.ndarray:
-        """Page-locked room for the partials of `chunks` chunks, and an event for each; grown as needed."""
+        """Page-locked memory for the partials of `chunks` chunks, and an event for each; grown as needed."""
         if self._host_partials is None or len(self._host_partials) < chunks:
             with device_errors("cannot allocate page-locked host memory"):
                 if self._host_partials is not None:
@@ -350,7 +337,7 @@ class Lanes:
         return self._host_partials
 
     def free(self) -> None:
-        """Give back every lane's buffers (the partials' page-locked room goes with the allocator's free_all)."""
-        for lane in self.lanes:
-            lane.free()
-        self.lanes = []
+        """Give back every stream's buffers (the partials' page-locked memory goes with the allocator's free_all)."""
+        for chunk_stream in self.streams:
+            chunk_stream.free()
+        self.streams = []
