@@ -38,8 +38,8 @@
 // the 50 MB L2 between kernels, so DRAM sees about the text once, the ends twice and the doubles:
 // ~350 KB per image, ~0.12 us at ~3 TB/s, i.e. ~1.6 TB/s of text if bandwidth bound. Arithmetic:
 // 10,000 fields x ~300 integer instructions (digits, a 64x64->128 multiply, the checks) = 3 M lane
-// instructions per image; the H100 issues ~30 T/s (132 SMs x 128 lanes x ~1.75 GHz): 0.1 us per
-// image, ~2 TB/s of text at full occupancy, a few hundred GB/s with idle lanes and latency. Each
+// instructions per image; the H100 issues ~30 T/s (132 SMs x 128 cores x ~1.75 GHz): 0.1 us per
+// image, ~2 TB/s of text at full occupancy, a few hundred GB/s with idle threads and latency. Each
 // block also costs 5 launches (a few us each on the GPU, ~5 us each from Python). So the kernels
 // should run at a few hundred GB/s of text; the whole pipeline's bound is the host (page-cache
 // read and the H2D copy, ~25-50 GB/s), which the kernels need only outrun (aim: >= 50 GB/s).

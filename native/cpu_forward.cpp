@@ -7,9 +7,9 @@
 //
 // Kernels (native/cpu_forward_kernels.h), compiled for AVX-512, AVX2 and plain x86-64 (SSE2):
 //   forward_group   a group of images a vector (8 on AVX-512, 4 on AVX2, 2 on x86-64): a band of 5 rows
-//                   transposed into the lanes (log2(lanes) rounds of constant shuffles a block), the 10
+//                   transposed into the elements (log2(elements) rounds of constant shuffles a block), the 10
 //                   filters' sums of its 20 patches in register blocks, ReLU, and the output layer's 10
-//                   sums over the 4000 activations; where asked, the lanes that may hold a NaN or an infinity
+//                   sums over the 4000 activations; where asked, the elements that may hold a NaN or an infinity
 //   plain_group     cpu.rs's loops as written, 8 images a vector gathered value by value (the peer)
 //   read_values     every double read once (the memory-read bound)
 // The forward runs the widest kernels this CPU has, or those named at construction (CNNLAB_CPU_ISA, in
@@ -21,7 +21,7 @@
 // FP64 operations, 35,000 8-wide instructions. A core that issues two of them a cycle (AVX-512 on
 // Sapphire Rapids or Zen 4) needs 17,500 cycles, ~170,000 images/s at 3 GHz, plus ~2,000 cycles of
 // shuffles; each image is 80,000 bytes read once, so 16 such cores would want 200 GB/s: memory,
-// not arithmetic, bounds a big machine. AVX2 on Zen 3 (4 lanes; two multiplies and two adds a cycle):
+// not arithmetic, bounds a big machine. AVX2 on Zen 3 (4 elements; two multiplies and two adds a cycle):
 // 35,000 multiplies, again 17,500 cycles, ~180,000 images/s at 3.2 GHz. Measured on one core: ~112,000
 // with the images in cache (the conv issues ~1.4 multiplies a cycle: gcc keeps few taps in the 16
 // registers, so a multiply takes a load, and the loads bound it), 70,000-95,000 reading them from memory,
@@ -73,7 +73,7 @@ constexpr long IMAGE_VALUES = (long)INPUT_DIM * INPUT_DIM;
 constexpr int PLAIN_GROUP = 8;  // the plain loop's images a vector, whatever the kernels' width
 constexpr int MAX_LANES = 8;  // the widest kernels' images a vector (AVX-512)
 
-// A thread's work arrays: a band of the group's images (32 KB at 8 lanes, in L1) and its activations (256 KB, in L2).
+// A thread's work arrays: a band of the group's images (32 KB at 8 elements, in L1) and its activations (256 KB, in L2).
 struct Scratch {
     alignas(64) double band[FILTER_DIM * INPUT_DIM * MAX_LANES];
     alignas(64) double act[OUT_NEURON_DIM * MAX_LANES];
@@ -129,7 +129,7 @@ namespace baseline {
 #undef NEURON_BLOCK
 }  // namespace baseline
 
-// Image i of a group holds a NaN or an infinity: the exact look behind forward_group's suspect lanes, which
+// Image i of a group holds a NaN or an infinity: the exact look behind forward_group's suspect elements, which
 // an overflowing sum also raises.
 bool holds_nonfinite(const double *image)
 {
@@ -139,12 +139,12 @@ bool holds_nonfinite(const double *image)
     return false;
 }
 
-// One instruction set's kernels, with the group's outputs written out lane by lane.
+// One instruction set's kernels, with the group's outputs written out element by element.
 struct Kernels {
     const char *name;  // as CNNLAB_CPU_ISA names it
     bool (*runs_here)();  // whether this CPU has the instructions
     int width;  // the forward's images a group
-    // The group's outputs into out[0 .. count * 10); the lanes that hold a NaN or an infinity as a bit mask.
+    // The group's outputs into out[0 .. count * 10); the elements that hold a NaN or an infinity as a bit mask.
     unsigned (*forward)(const double *const *, const double *, const double *, Scratch *, bool, double *, int);
     void (*plain)(const double *const *, const double *, const double *, Scratch *, double *, int);
     double (*read)(const double *, long);

@@ -11,7 +11,7 @@ typedef double vec __attribute__((vector_size(LANES * 8)));
 typedef long long veci __attribute__((vector_size(LANES * 8)));
 typedef double v8 __attribute__((vector_size(64)));  // the plain loop's and read_values' 8 doubles, whatever LANES is
 
-// The lane indices 0 .. N - 1 as a pack, to spell a vector lane by lane: a broadcast, a shuffle's mask.
+// The element indices 0 .. N - 1 as a pack, to spell a vector element by element: a broadcast, a shuffle's mask.
 template <int... K>
 struct Indices {};
 template <int N, int... K>
@@ -27,7 +27,7 @@ static inline __attribute__((always_inline)) Vector splat(double x, Indices<K...
     return Vector{((void)K, x)...};
 }
 
-// x in every lane: one vbroadcastsd from memory (a loop storing x lane by lane costs a load and a vinsertf128).
+// x in every element: one vbroadcastsd from memory (a loop storing x element by element costs a load and a vinsertf128).
 template <typename Vector = vec>
 static inline __attribute__((always_inline)) Vector splat(double x)
 {
@@ -43,7 +43,7 @@ static inline __attribute__((always_inline)) Vector load(const double *p)
 }
 
 // One butterfly of the transpose's round of `WIDTH`, on two rows `WIDTH` apart: the first row's odd blocks of
-// WIDTH lanes swap with the second row's even ones. The masks are constants, so each is one shuffle.
+// WIDTH elements swap with the second row's even ones. The masks are constants, so each is one shuffle.
 template <int WIDTH, int... K>
 static inline __attribute__((always_inline)) void butterfly(vec *first, vec *second, Indices<K...>)
 {
@@ -64,7 +64,7 @@ static inline __attribute__((always_inline)) void butterflies(vec *row)
     }
 }
 
-// LANES rows of LANES doubles (row i from images[i] + at) transposed into out: out[j] lane i = row i's j-th.
+// LANES rows of LANES doubles (row i from images[i] + at) transposed into out: out[j] element i = row i's j-th.
 static inline __attribute__((always_inline)) void transpose(const double *const *images, long at, vec *out)
 {
     vec row[LANES];
@@ -86,7 +86,7 @@ static inline __attribute__((always_inline)) void prefetch_share(const double *c
             __builtin_prefetch(images[i] + (long)FILTER_DIM * r * INPUT_DIM + LINE * line);
 }
 
-// Rows 5r..5r+4 of the group's images, interleaved: band[x * 100 + col] lane i = images[i][5r + x][col].
+// Rows 5r..5r+4 of the group's images, interleaved: band[x * 100 + col] element i = images[i][5r + x][col].
 static void load_band(const double *const *images, int r, vec *band)
 {
     for (int x = 0; x < FILTER_DIM; ++x) {
@@ -100,7 +100,7 @@ static void load_band(const double *const *images, int r, vec *band)
 
 // The band's 20 patches times the 10 filters, ReLU'd, into act[f * 400 + r * 20 + c] (the flattening order).
 // FILTER_BLOCK x COLUMN_BLOCK sums at a time, each over its 25 taps in cpu.rs's order (x, then y).
-// Where `check` is set, the lanes whose first filter's sum is not finite are set in *suspect: every
+// Where `check` is set, the elements whose first filter's sum is not finite are set in *suspect: every
 // value of an image is a tap of one patch, and a NaN or an infinity times any weight makes that sum one,
 // so 400 vectors of sums a group are looked at instead of 10,000 of values (where all is finite, it is free).
 // Where `next` is given (the group's images, but for the last band), band r + 1 is prefetched a share a block,
@@ -158,8 +158,8 @@ static void dense(const vec *act, const double *weights_t, vec *out)
     }
 }
 
-// One group: the forward of LANES images, outputs[n] lane i = image i's output n. Where `check` is set, the
-// lanes that may hold a NaN or an infinity (the caller looks at their values); none are missed.
+// One group: the forward of LANES images, outputs[n] element i = image i's output n. Where `check` is set, the
+// elements that may hold a NaN or an infinity (the caller looks at their values); none are missed.
 static veci forward_group(const double *const *images, const double *filters, const double *weights_t, Scratch *scratch,
                           bool check, vec *outputs)
 {
@@ -201,7 +201,7 @@ static void plain_group(const double *const *images, const double *filters, cons
     }
 }
 
-// Image i's outputs, lane i of outputs[0..10), into out[i * 10 ..] for the group's first `count` images.
+// Image i's outputs, element i of outputs[0..10), into out[i * 10 ..] for the group's first `count` images.
 template <typename Vector>
 static void write_outputs(const Vector *outputs, int count, double *out)
 {

@@ -118,7 +118,7 @@ LAB_AVX2_TARGET bool parse_row_avx2(const char *p, const char *line_end, const c
 }
 
 // The AVX-512 row parser: where the whole row is repr-shaped fields (lab_repr_row_avx512, one pass of mask compares)
-// and 16 bytes past it can be loaded, eight fields at a time are converted in the vector registers' lanes
+// and 16 bytes past it can be loaded, eight fields at a time are converted in the vector registers' elements
 // (lab_repr_fields8_avx512), the few it leaves as parse_one_field reads them; any other row is the AVX2 parser's,
 // which reads each field on its own.
 #pragma GCC diagnostic push
@@ -130,7 +130,7 @@ LAB_AVX512_TARGET bool parse_row_avx512(const char *p, const char *line_end, con
     if (length > 64LL * LAB_ROW_BITMAP_WORDS || limit - line_end < 16 || lab_repr_row_avx512(p, length, commas) != width - 1)
         return parse_row_avx2(p, line_end, limit, width, out);
     // Each field's first byte and its end (the next comma, or the row's end), listed first: the commas four a step, so
-    // that where a field ends costs no branch on the bitmap's words; eight past the last field (lanes left out), 0. A
+    // that where a field ends costs no branch on the bitmap's words; eight past the last field (elements left out), 0. A
     // repr-shaped field and its comma take 4 bytes at least, so a row holds 16 fields a 64-byte word at most.
     int32_t begins[16 * LAB_ROW_BITMAP_WORDS + 8], ends[16 * LAB_ROW_BITMAP_WORDS + 8];
     Py_ssize_t found = 0;
@@ -152,8 +152,8 @@ LAB_AVX512_TARGET bool parse_row_avx512(const char *p, const char *line_end, con
     for (int j = 0; j < 8; ++j)
         begins[width + j] = ends[width + j] = 0;
     for (Py_ssize_t i = 0; i < width; i += 8) {
-        const __mmask8 lanes = static_cast<__mmask8>(width - i >= 8 ? 0xFF : (1u << (width - i)) - 1);
-        for (__mmask8 left = lab_repr_fields8_avx512(p, begins + i, ends + i, lanes, out + i); left != 0; left &= left - 1) {
+        const __mmask8 fields = static_cast<__mmask8>(width - i >= 8 ? 0xFF : (1u << (width - i)) - 1);
+        for (__mmask8 left = lab_repr_fields8_avx512(p, begins + i, ends + i, fields, out + i); left != 0; left &= left - 1) {
             const int j = __builtin_ctz(left);
             if (!parse_one_field(p + begins[i + j], p + ends[i + j], out + i + j))
                 return false;

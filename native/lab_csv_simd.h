@@ -13,8 +13,8 @@
 // the end of the buffer for a 32-byte load, is the scalar code's, which keeps every rule exact.
 //
 // AVX-512. A row is classified whole first (lab_repr_row_avx512); where every field has repr's shape, the fields are
-// converted eight at a time, a lane each (lab_repr_fields8_avx512): the same ladder on four fields a register, and
-// Eisel-Lemire for q = -17 in the lanes, the high 64 bits of its product from 32-bit products (a lane that needs more
+// converted eight at a time, an element each (lab_repr_fields8_avx512): the same ladder on four fields a register, and
+// Eisel-Lemire for q = -17 in the elements, the high 64 bits of its product from 32-bit products (an element that needs more
 // is left). What it leaves goes the scalar way.
 
 #ifndef LAB_CSV_SIMD_H
@@ -101,12 +101,12 @@ LAB_AVX2_TARGET inline bool lab_repr_field_avx2(const char *begin, const char *e
     return lab_decimal_to_double(&d, out) == LAB_FIELD_OK;  // always OK here: 10^-17 <= value < 10
 }
 
-// GCC 12 takes the undefined lanes AVX-512's intrinsics start from for uninitialized values (a false alarm, once they
+// GCC 12 takes the undefined elements AVX-512's intrinsics start from for uninitialized values (a false alarm, once they
 // are inlined); the row parser that inlines these functions silences it too.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
-// AVX-512 (F, BW, VL, DQ, CD): eight fields converted at once, each lane a field, as lab_repr_field_avx2 converts one.
+// AVX-512 (F, BW, VL, DQ, CD): eight fields converted at once, each element a field, as lab_repr_field_avx2 converts one.
 // A byte compare gives a 64-bit mask, and a masked load reads nothing past the bytes it keeps.
 #define LAB_AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512cd,avx2,bmi,bmi2,lzcnt,popcnt")))
 
@@ -147,7 +147,7 @@ LAB_AVX512_TARGET inline int lab_repr_row_avx512(const char *row, long long leng
     return comma_in | minus_in | first_in | point_in ? -1 : count;
 }
 
-// The high 64 bits of each lane's a * b (unsigned), from four 32 x 32-bit products.
+// The high 64 bits of each element's a * b (unsigned), from four 32 x 32-bit products.
 LAB_AVX512_TARGET inline __m512i lab_mul_high_64x64_avx512(__m512i a, __m512i b)
 {
     const __m512i low32 = _mm512_set1_epi64(0xFFFFFFFF);
@@ -157,9 +157,9 @@ LAB_AVX512_TARGET inline __m512i lab_mul_high_64x64_avx512(__m512i a, __m512i b)
     return _mm512_add_epi64(_mm512_add_epi64(hh, _mm512_srli_epi64(lh, 32)), _mm512_add_epi64(_mm512_srli_epi64(hl, 32), _mm512_srli_epi64(mid, 32)));
 }
 
-// Up to eight fields of a row lab_repr_row_avx512 passed, the lanes of `fields`: field j begins at begins[j] and ends at
+// Up to eight fields of a row lab_repr_row_avx512 passed, the elements of `fields`: field j begins at begins[j] and ends at
 // ends[j] (offsets into `row`; 16 bytes past each field's point can be loaded). Into out[0..8): repr's digits as lab_repr_field_avx2 reads them (w < 10^18, the decimal exponent -17),
-// then Eisel-Lemire as lab_eisel_lemire computes it, a lane a field. The lanes it leaves to the caller, unwritten:
+// then Eisel-Lemire as lab_eisel_lemire computes it, an element a field. The elements it leaves to the caller, unwritten:
 // those with more than 17 digits after the point, and those whose product Eisel-Lemire would refine with the next word
 // of 5^-17 (about 1 in 512).
 LAB_AVX512_TARGET inline __mmask8 lab_repr_fields8_avx512(const char *row, const int32_t *begins, const int32_t *ends, __mmask8 fields,
@@ -189,7 +189,7 @@ LAB_AVX512_TARGET inline __mmask8 lab_repr_fields8_avx512(const char *row, const
         f = _mm512_inserti32x4(f, _mm_loadu_si128(reinterpret_cast<const __m128i *>(at + firsts[4 * half + 1])), 1);
         f = _mm512_inserti32x4(f, _mm_loadu_si128(reinterpret_cast<const __m128i *>(at + firsts[4 * half + 2])), 2);
         f = _mm512_inserti32x4(f, _mm_loadu_si128(reinterpret_cast<const __m128i *>(at + firsts[4 * half + 3])), 3);
-        // k of each field in every byte of its 128-bit lane: the byte at index i is a digit where i < k.
+        // k of each field in every byte of its 128-bit element: the byte at index i is a digit where i < k.
         const __m256i four = _mm256_permutevar8x32_epi32(k, _mm256_setr_epi32(4 * half, 4 * half + 1, 4 * half + 2, 4 * half + 3, 0, 0, 0, 0));
         const __m512i k4 = _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), _mm512_castsi256_si512(four));
         const __m512i index = _mm512_set4_epi32(0x0F0E0D0C, 0x0B0A0908, 0x07060504, 0x03020100);
@@ -197,10 +197,10 @@ LAB_AVX512_TARGET inline __mmask8 lab_repr_fields8_avx512(const char *row, const
         f = _mm512_maddubs_epi16(_mm512_maskz_sub_epi8(digits, f, _mm512_set1_epi8('0')), _mm512_set1_epi16(0x010A));  // bytes 10, 1
         f = _mm512_madd_epi16(f, _mm512_set1_epi32(0x00010064));  // 100, 1
         f = _mm512_packus_epi32(f, f);
-        f = _mm512_madd_epi16(f, _mm512_set1_epi32(0x00012710));  // 10000, 1: [a, b, a, b] a lane, 8 digits each
+        f = _mm512_madd_epi16(f, _mm512_set1_epi32(0x00012710));  // 10000, 1: [a, b, a, b] an element, 8 digits each
         sixteen[half] = _mm512_add_epi64(_mm512_mul_epu32(f, _mm512_set1_epi64(100000000)), _mm512_srli_epi64(f, 32));
     }
-    // Each field's sixteen-digit value (the first quadword of each 128-bit lane), in field order.
+    // Each field's sixteen-digit value (the first quadword of each 128-bit element), in field order.
     const __m512i digits16 = _mm512_permutex2var_epi64(sixteen[0], _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14), sixteen[1]);
     const __m512i w = _mm512_add_epi64(_mm512_add_epi64(_mm512_mullo_epi64(_mm512_cvtepu32_epi64(units), _mm512_set1_epi64(100000000000000000LL)),
                                                         _mm512_mullo_epi64(digits16, _mm512_set1_epi64(10))),

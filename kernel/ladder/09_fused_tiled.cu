@@ -26,7 +26,7 @@
 // Napkin math per image: 80,000 bytes read once from device memory, 80 written; 320 KB /
 // FT_TILE_IMAGES of weights from L2 (40 KB at 8). 100,000 multiplies and 100,000 adds for the
 // conv (separately rounded) and 40,000 FMAs: 240,000 FP64 instructions, 280,000 FLOPs. On an
-// H100 (132 SMs x 64 FP64 lanes x 1.98 GHz = 16.7 T instructions/s) that is ~14 us per million
+// H100 (132 SMs x 64 FP64 units x 1.98 GHz = 16.7 T instructions/s) that is ~14 us per million
 // images, against ~27 us per million to read them at the device-to-device rate (~3.0 TB/s): bound
 // by memory, with the FP64 pipe over half busy at that bound, so arithmetic must overlap the
 // copies well. The bound it is measured against: reading each image once at the device-to-device
