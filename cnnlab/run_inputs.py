@@ -22,7 +22,7 @@ import numpy as np
 from cnnlab.backend import Backend, Batch, DeviceBatch
 from cnnlab.errors import DeviceError
 from cnnlab.files.csv_batch import CsvBatch
-from cnnlab.files.csv_on_device import CsvRangeReader
+from cnnlab.files.csv_on_device import CsvRangeReader, text_start
 from cnnlab.files.csv_reader import CsvImageReader
 from cnnlab.files.formats import ImageReader
 from cnnlab.files.npy import VIEW_IMAGES, NpyImageReader
@@ -158,7 +158,7 @@ def open_input(backend: Backend, reader: ImageReader, slots: int, trace: Tracer)
 def _csv_ranges(backend: Backend, reader: CsvImageReader, trace: Tracer) -> CsvRangeReader | None:
     """The reader of a regular CSV file's ranges into the backend's double buffer, where the backend has one (a GPU
     that parses CSV) and the file's head says where its images begin; else None."""
-    if (start := reader.text_start()) is None:
+    if (start := text_start(reader)) is None:
         return None
     try:
         buffers = backend.csv_double_buffer(reader.size / reader.count)

@@ -137,8 +137,8 @@ def _retain(cuda: ctypes.CDLL, ordinal: int) -> None:
 
 
 # A context's hardware queues, where the user has not set CUDA_DEVICE_MAX_CONNECTIONS (default 8): the driver makes
-# them with the context, whose cost grows with their number (on the H100 machine 79-89 ms with 2, 178-216 ms with 8),
-# while cnnlab cuda's loops ran as fast with 2 as with 8 and slower with 1 (docs/gpu.md, BENCHMARKS.md section 3).
+# them with the context, whose cost grows with their number, while cnnlab cuda's loops ran as fast with 2 as with 8
+# and slower with 1 (docs/gpu.md, "Sizes").
 CONNECTIONS = "CUDA_DEVICE_MAX_CONNECTIONS"
 QUEUES = 2
 Environment = TypeVar("Environment", bound=MutableMapping[str, str])

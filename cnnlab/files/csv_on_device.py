@@ -18,8 +18,11 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
+
 from cnnlab.errors import InputFileError
-from cnnlab.files.csv_reader import CsvImageReader, first_error
+from cnnlab.files.csv_reader import CsvImageReader, blank_before_row, first_error
+from cnnlab.files.lines import LineTooLong, scan_rows
 from cnnlab.network import INPUT_DIM, CsvDoubleBuffer, ImageBuffer
 from cnnlab.tracing import NO_TRACE, Tracer
 
@@ -31,6 +34,10 @@ LAST_RANGE_BYTES = 32 << 20
 # looks, which the copier's threads wait for), then a line's longest (MAX_LINE_BYTES), then the whole range.
 FIRST_TAIL_BYTES = 1 << 16
 TAIL_BYTES = (1 << 20) + 1
+# The file's head read for where its images begin and its layout (text_start): the count line within the first
+# HEAD_BYTES, image 1's rows and image 2's first within the next 1 MiB, else up to MAX_HEAD_BYTES.
+HEAD_BYTES = 1 << 16
+MAX_HEAD_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -148,3 +155,32 @@ def last_row_end(text: bytes) -> int | None:
         if stop < 0:
             return None
     return None
+
+
+def text_start(reader: CsvImageReader) -> tuple[int, bool] | None:
+    """Where a regular file's images begin (the offset after the count line) and whether a blank line stands before
+    every image after the first (its layout), read from the file's head: for a backend that copies the text straight
+    to its device and parses it there. None where the head does not say (not a regular file, a line too long, fewer
+    than two images' rows): the file is then read as before, which names what is wrong."""
+    fd = reader.fileno()
+    if not reader.regular or not reader.size:  # a size of 0 may not be the file's (procfs): read it as before
+        return None
+    head = os.pread(fd, HEAD_BYTES, 0)
+    ink = len(head) - len(head.lstrip())  # bytes.strip()'s blanks are the format's, '\n' with them
+    start = head.find(b"\n", ink) + 1
+    if ink == len(head) or not start:
+        return None
+    if reader.count < 2:
+        return start, False
+    nbytes = HEAD_BYTES << 4
+    while True:
+        text = np.frombuffer(os.pread(fd, nbytes, start), np.uint8)
+        try:
+            after_image_1, rows, _ = scan_rows(text, 0, INPUT_DIM)
+            if rows == INPUT_DIM and (separated := blank_before_row(text, after_image_1)) is not None:
+                return start, separated
+        except LineTooLong:
+            return None
+        if len(text) < nbytes or nbytes >= MAX_HEAD_BYTES:
+            return None
+        nbytes <<= 2

@@ -18,7 +18,7 @@ from cnnlab.errors import InputFileError
 from cnnlab.extensions import note_missing
 from cnnlab.files.csv_batch import CsvBatch, announced, file_ends
 from cnnlab.files.inputs import open_for_reading
-from cnnlab.files.lines import MAX_LINE_BYTES, LineTooLong, Span, SpanAhead, native, scan_rows
+from cnnlab.files.lines import MAX_LINE_BYTES, Span, SpanAhead, native, scan_rows
 from cnnlab.files.mapped_text import MappedTextSource, text_source
 from cnnlab.files.rows import Layout, RowPlace, check_text, cut_row, parse_rows, shorten
 from cnnlab.files.text import READ_BYTES, TextMemory, TextSource
@@ -42,10 +42,6 @@ WALK_PART_BYTES = 1 << 20
 REPR_ROW_BYTES = INPUT_DIM * 25
 # The fewest bytes an image's text can take: 100 lines of 100 one-character values, 99 commas and a newline.
 MIN_IMAGE_BYTES = INPUT_DIM * (2 * INPUT_DIM)
-# The file's head read for where its images begin and its layout (text_start): the count line within the first
-# HEAD_BYTES, image 1's rows and image 2's first within the next 1 MiB, else up to MAX_HEAD_BYTES.
-HEAD_BYTES = 1 << 16
-MAX_HEAD_BYTES = 64 << 20
 
 
 class CsvImageReader:
@@ -279,34 +275,6 @@ class CsvImageReader:
 
     def fileno(self) -> int:
         return self._file.fileno()
-
-    def text_start(self) -> tuple[int, bool] | None:
-        """Where a regular file's images begin (the offset after the count line) and whether a blank line stands before
-        every image after the first (its layout), read from the file's head: for a backend that copies the text straight
-        to its device and parses it there. None where the head does not say (not a regular file, a line too long, fewer
-        than two images' rows): the file is then read as before, which names what is wrong."""
-        fd = self.fileno()
-        if not self.regular or not self.size:  # a size of 0 may not be the file's (procfs): read it as before
-            return None
-        head = os.pread(fd, HEAD_BYTES, 0)
-        ink = len(head) - len(head.lstrip())  # bytes.strip()'s blanks are the format's, '\n' with them
-        start = head.find(b"\n", ink) + 1
-        if ink == len(head) or not start:
-            return None
-        if self.count < 2:
-            return start, False
-        nbytes = HEAD_BYTES << 4
-        while True:
-            text = np.frombuffer(os.pread(fd, nbytes, start), np.uint8)
-            try:
-                after_image_1, rows, _ = scan_rows(text, 0, INPUT_DIM)
-                if rows == INPUT_DIM and (separated := blank_before_row(text, after_image_1)) is not None:
-                    return start, separated
-            except LineTooLong:
-                return None
-            if len(text) < nbytes or nbytes >= MAX_HEAD_BYTES:
-                return None
-            nbytes <<= 2
 
     def finish(self) -> None:
         """After all N images: an error where a line that follows them holds anything, as rows out of place or a

@@ -1,5 +1,5 @@
 """A regular file's CSV text taken straight from a read-only mapping of it, where the host parses (cpu mode): no copy
-of the text out of the page cache into windows (text.py's TextSource), whose copy ran at ~1.4 GB/s a thread.
+of the text out of the page cache into windows (text.py's TextSource), a copy as slow as the parse (docs/cpu.md).
 
 A take summarizes the mapped bytes it needs (native.summarize_parts, 1 MB parts on its own threads, the pages faulted
 in there) and cuts its span from the summaries as TextSource does, the span's data the whole mapping, its offsets the

@@ -44,8 +44,7 @@ MAGIC = b"\x93NUMPY"
 STEP_IMAGES_PER_THREAD = 32
 # Images a batch of a mapped file views where the backend names no batch: a view costs nothing to make, so a batch's
 # fixed costs (a compute() call, its outputs written, the pages behind it dropped) are spread over more images than a
-# read's step, while two batches' pages resident stay small (82 MB). cpu mode on 2,000 images, 2 cores: 17 ms a run's
-# loop against 20-22 ms with the step's 64.
+# read's step, while two batches' pages resident stay small (docs/cpu.md, "Reading .npy").
 VIEW_IMAGES = 512
 MAX_HEADER_BYTES = 10_000  # numpy's own limit for a header it parses safely (np.load's max_header_size)
 _HEADER_LENGTH = {1: "<H", 2: "<I", 3: "<I"}  # by the format's major version: how the header's length is stored
