@@ -44,6 +44,9 @@
 #   profile   where cpu and cuda mode's time goes on the default data, from the process's start to its exit
 #             (tools/profile_startup.py), beside the driver's own start in C through ctypes (the floor)
 #   sweep     the page-locked row against the copy bound for a few chunk sizes and stream counts
+#   against   this tree against the checkout at $BEFORE (built here too), in turns: the default data, 30,000 CSV images
+#             and 200,000 .npy images through cuda mode, outputs byte for byte, wall, start-up and loop seconds and their
+#             ratios, peak GPU memory (tools/against.py)
 #   api       the Python API's tests (PyTorch and CuPy device arrays, out=), its device-array rate, and a wheel
 #             built here, installed into a fresh virtual environment with nvcc off the PATH, running cuda mode
 #             from outside the checkout (numpy for that environment: a wheel in .venvwheels/, as .wheelhouse's)
@@ -301,6 +304,19 @@ PY
       } 2>&1 | tee "$OUT/wheel.log" || status=1
       grep -q "Comparison finished" "$OUT/wheel.log" || status=1
       rm -rf "$WORK/wheel" ;;
+    against)
+      if [ -z "${BEFORE:-}" ]; then echo "against: BEFORE names no checkout"; status=1; continue; fi
+      (cd "$BEFORE" && python3 setup.py -q build_ext --inplace 2>&1 | tail -3 && python3 build.py --no-ladder) || { status=1; continue; }
+      job30k
+      random_npy "$WORK/job/in200k.npy" 200000
+      cat "$WORK/job/in200k.npy" > /dev/null  # in the page cache
+      {
+        against() { SITE=/tmp/site python3 tools/against.py --before "$BEFORE" "$@"; }
+        against --pairs 5 --label "default data" cuda data/cnn.csv data/in.csv
+        against --pairs 5 --label "30,000 CSV images" cuda "$WORK/job/cnn.csv" "$WORK/job/in30k.csv"
+        against --pairs 5 --label "200,000 .npy images" cuda "$WORK/job/cnn.csv" "$WORK/job/in200k.npy"
+      } 2>&1 | tee "$OUT/against.log" || status=1
+      rm -rf "$WORK/job" ;;
     long)
       cnnlab generate --images 1 --out-dir "$WORK/long"
       random_npy "$WORK/long/in.npy" 200000
