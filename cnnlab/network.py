@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 #   image    one 100x100 input matrix; its outputs are one row of OUT_LAYER_SIZE values.
 #   batch    the images of one backend.compute() call; a run's host buffers hold one batch (--batch).
 #   step     the images one reader.read_into() call fills: a batch is read a step at a time.
-#   pass     (CPU) the images one vectorised numpy pass computes, sized to stay in cache.
+#   pass     the images computed in one go so that what they make stays in cache: the CPU's numpy forward's
+#            vectorised pass; the GPU's two-kernel rung's launch of both kernels over part of a chunk.
 #   chunk    (GPU) the images one chunk stream holds on the device and runs through the kernels at once.
 #   segment  (GPU) a slice of the 4000 flattened values: flattened_to_dense writes one partial dot
 #            product per segment, and the host adds them up.
