@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from cnnlab.backend import Backend, Batch, DeviceBatch
+from cnnlab.constants import IMAGE_BYTES
 from cnnlab.errors import ArrayError, DeviceError, InputFileError
 from cnnlab.files.csv_batch import CsvBatch
 from cnnlab.files.csv_on_device import CsvRangeReader
@@ -34,7 +35,7 @@ from cnnlab.files.formats import ImageReader, OutputWriter, open_images, open_ou
 from cnnlab.files.npy import VIEW_IMAGES, NpyImageReader
 from cnnlab.files.safety import OutputSet
 from cnnlab.interrupts import held, join_through_signals
-from cnnlab.network import IMAGE_BYTES, NO_TRACE, Cnn, DeviceRoom, ImageBatch, OutputBatch, TextRooms, Tracer, first_nonfinite, fits
+from cnnlab.network import NO_TRACE, Cnn, DeviceRoom, ImageBatch, OutputBatch, TextRooms, Tracer, first_nonfinite, fits
 from cnnlab.progress import Progress
 
 Made = TypeVar("Made")  # what _one_a_slot makes: a device room, a host buffer

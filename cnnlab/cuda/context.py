@@ -29,7 +29,9 @@ import numpy as np
 
 from cnnlab.arrays import DeviceArray, check_device_images, check_device_outputs, device_array, host_images
 from cnnlab.backend import DeviceBatch, TextBatching
+from cnnlab.constants import IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE
 from cnnlab.cuda import gpus
+from cnnlab.cuda.builds import KERNEL_BUILD
 from cnnlab.cuda.csv_rooms import TEXT_ROOM_BYTES, CsvRooms, text_room_bytes
 from cnnlab.cuda.device_setup import DeviceSetup
 from cnnlab.cuda.driver import (
@@ -46,22 +48,11 @@ from cnnlab.cuda.file_copier import FileCopier, FileRoom, Room
 from cnnlab.cuda.kernels import FindNonFinite, SumSegments
 from cnnlab.cuda.ladder import LaunchConfig, launcher
 from cnnlab.cuda.lanes import ChunkSource, CsvText, DeviceOutputs, HostImages, Lanes, ResidentImages
-from cnnlab.cuda.launchers import KERNEL_BUILD, Launcher
+from cnnlab.cuda.launchers import Launcher
 from cnnlab.cuda.memory import Allocator, HostCopier, is_page_locked
 from cnnlab.cuda.nvcc import ensure_modules
 from cnnlab.errors import ArrayError, UsageError
-from cnnlab.network import (
-    IMAGE_BYTES,
-    INPUT_DIM,
-    NO_TRACE,
-    OUT_LAYER_SIZE,
-    Cnn,
-    ImageBatch,
-    OutputBatch,
-    Tracer,
-    default_threads,
-    require_finite,
-)
+from cnnlab.network import NO_TRACE, Cnn, ImageBatch, OutputBatch, Tracer, default_threads, require_finite
 
 if TYPE_CHECKING:
     from cnnlab.backend import Batch

@@ -27,13 +27,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from cnnlab.constants import IMAGE_BYTES, INPUT_DIM
 from cnnlab.cuda.csv_parser import STATUS_DTYPE, BlockResult, CsvParser, field_values, host_spans, read_status, scratch_bytes
 from cnnlab.cuda.driver import device_errors
 from cnnlab.cuda.file_copier import Copying, FileCopier, Room
 from cnnlab.errors import InputFileError
 from cnnlab.files.lines import Span
 from cnnlab.files.rows import Layout, RowPlace, parse_rows
-from cnnlab.network import IMAGE_BYTES, INPUT_DIM, NO_TRACE, Tracer
+from cnnlab.network import NO_TRACE, Tracer
 
 if TYPE_CHECKING:
     from cnnlab.cuda.driver import Driver

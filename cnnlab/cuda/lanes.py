@@ -21,13 +21,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from cnnlab.constants import IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM
 from cnnlab.cuda.csv_parser import STATUS_DTYPE, CsvParser, host_values, read_status, scratch_bytes
 from cnnlab.cuda.driver import Driver, device_errors
 from cnnlab.cuda.kernels import FindNonFinite, SumSegments
 from cnnlab.cuda.launchers import Launcher, activation_images
 from cnnlab.cuda.memory import Allocator, HostCopier
 from cnnlab.errors import DeviceError
-from cnnlab.network import IMAGE_BYTES, INPUT_DIM, NO_TRACE, OUT_LAYER_SIZE, OUT_NEURON_DIM, OutputBatch, Tracer, nonfinite_error
+from cnnlab.network import NO_TRACE, OutputBatch, Tracer, nonfinite_error
 
 
 def lane_bytes(chunk: int, launcher: Launcher) -> int:

@@ -17,9 +17,10 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 
+from cnnlab.constants import INPUT_DIM
 from cnnlab.errors import InputFileError
 from cnnlab.files.csv_reader import CsvImageReader, first_error
-from cnnlab.network import INPUT_DIM, NO_TRACE, RoomImages, TextRooms, Tracer
+from cnnlab.network import NO_TRACE, RoomImages, TextRooms, Tracer
 
 BLANK = b" \t\r\v\f"  # what a blank line holds besides its '\n' (Python's bytes.strip() and csv.cu agree)
 # The last range's bytes, about: the run ends once its parse, compute and write are done, after every fill, so it is
