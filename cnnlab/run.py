@@ -399,7 +399,7 @@ def _give_back(
         except Exception as error:
             if failing is None:
                 raise
-            failing.add_note(f"and a free failed after it: {error!r}")
+            vars(failing).setdefault("__notes__", []).append(f"and a free failed after it: {error!r}")  # add_note's, on 3.10 too
 
 
 def _non_finite_image(input_path: str | os.PathLike, batch: Batch, first_image: int) -> InputFileError:
