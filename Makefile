@@ -7,16 +7,16 @@ BIN := $(VENV)/bin
 # The install's own output: out of sight, its last lines shown only where a step fails.
 INSTALL_LOG := $(VENV)/install.log
 # pyproject.toml's build requirements, installed into the venv once so that the build runs there (--no-build-isolation)
-# rather than in a build env of its own, which would install numpy a second time. pip 21.3 is the first to install a
-# pyproject project editable; setuptools 70.1 the first to build a wheel without the wheel package.
-BUILD_REQUIRES := 'numpy>=1.26' 'setuptools>=70.1' 'pip>=21.3'
+# rather than in a build env of its own, made anew at every install. pip 21.3 is the first to install a pyproject
+# project editable; setuptools 70.1 the first to build a wheel without the wheel package.
+BUILD_REQUIRES := 'setuptools>=70.1' 'pip>=21.3'
 TEST_EXTRAS := test,lint
 # pip compiles the bytecode of every file it installs, one at a time; instead, without the tests' files, on every core.
 PIP_INSTALL := $(BIN)/python -m pip install --disable-pip-version-check --no-compile
 COMPILE := $(BIN)/python -m compileall -q -j 0 -x /tests/
 SITE_PACKAGES := $(VENV)/lib/python3*/site-packages
 # What the install compiles: a change to any of it builds the native extensions again.
-NATIVE_SOURCES := setup.py $(wildcard native/*) $(wildcard kernel/*.h)
+NATIVE_SOURCES := setup.py cnnlab/constants.py $(wildcard native/*) $(wildcard kernel/*.h)
 
 .PHONY: setup run test lint typecheck clean
 
@@ -33,8 +33,8 @@ $(VENV)/installed-run: pyproject.toml setup.cfg $(NATIVE_SOURCES)
 	@echo "make: installing cnnlab and numpy into $(VENV) (log: $(INSTALL_LOG))"
 	@$(call logged,$(PYTHON) -m venv $(VENV))
 	@$(call logged,$(PIP_INSTALL) $(BUILD_REQUIRES))
-	@$(call logged,$(COMPILE) $(SITE_PACKAGES)/numpy)
 	@$(call logged,$(PIP_INSTALL) --no-build-isolation -e .)
+	@$(call logged,$(COMPILE) $(SITE_PACKAGES)/numpy)
 	@$(BIN)/python -m cnnlab.extensions
 	@touch $@
 

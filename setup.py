@@ -3,7 +3,7 @@
 The CSV parser, cnnlab.files._lab_csv, is built from native/lab_csv_module.cpp, the stages it includes
 (native/lab_csv_*.h) and kernel/lab_csv.h, the format's rules it shares with the CUDA parser; the CPU
 forward, cnnlab.cpu._forward, from native/cpu_forward.cpp, with the network's sizes from
-cnnlab/network.py and -ffp-contract=off (every multiply and add rounded on its own, as cpu.rs
+cnnlab/constants.py and -ffp-contract=off (every multiply and add rounded on its own, as cpu.rs
 computes); the guard that lets cpu mode map .npy files, cnnlab.files._mapped_guard, from
 native/mapped_guard.cpp. All are optional: where one cannot be compiled the install still succeeds,
 with one line saying what to install and what it costs (cnnlab.extensions), and cnnlab uses its
@@ -27,8 +27,8 @@ from setuptools.command.build_py import build_py
 from setuptools.command.sdist import sdist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cnnlab.constants import network_sizes  # noqa: E402
 from cnnlab.extensions import EXTENSIONS, fallback_note  # noqa: E402
-from cnnlab.network import network_sizes  # noqa: E402
 
 
 class OptionalBuildExt(build_ext):
@@ -103,7 +103,7 @@ setup(
         Extension(
             "cnnlab.cpu._forward",
             ["native/cpu_forward.cpp"],
-            depends=["native/cpu_forward_kernels.h", "native/isa_table.h", "native/pool.h", "cnnlab/network.py"],
+            depends=["native/cpu_forward_kernels.h", "native/isa_table.h", "native/pool.h", "cnnlab/constants.py"],
             define_macros=[(name, str(value)) for name, value in network_sizes().items()],
             # -fno-wrapv undoes Python's -fwrapv, which keeps gcc from turning the kernels' int indices into pointer
             # steps: the AVX2 forward spills and runs 0.8x without it.

@@ -16,11 +16,12 @@ from typing import Any
 import numpy as np
 
 from cnnlab.arrays import device_array, gpu_index, host_images
+from cnnlab.constants import INPUT_DIM, OUT_LAYER_SIZE
 from cnnlab.cpu.backend import CpuBackend
 from cnnlab.errors import ArrayError, UsageError
 from cnnlab.files.formats import open_images
 from cnnlab.files.labcsv import read_cnn
-from cnnlab.network import INPUT_DIM, OUT_LAYER_SIZE, Cnn, ImageBatch, require_finite
+from cnnlab.network import Cnn, ImageBatch, require_finite
 from cnnlab.run_inputs import fill_images
 
 

@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from cnnlab.constants import INPUT_DIM, OUT_LAYER_SIZE
 from cnnlab.errors import ArrayError, UsageError
-from cnnlab.network import INPUT_DIM, OUT_LAYER_SIZE, host_array
+from cnnlab.network import host_array
 
 FLOAT64 = "<f8"
 SHAPES = f"one image ({INPUT_DIM}, {INPUT_DIM}) or a batch (N, {INPUT_DIM}, {INPUT_DIM})"

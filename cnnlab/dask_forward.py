@@ -17,10 +17,11 @@ import numpy as np
 
 from cnnlab.arrays import gpu_index, image_count
 from cnnlab.backend import Backend
+from cnnlab.constants import INPUT_DIM, OUT_LAYER_SIZE
 from cnnlab.errors import ArrayError, UsageError
 from cnnlab.files.labcsv import read_cnn
 from cnnlab.files.safety import refuse_same_files
-from cnnlab.network import INPUT_DIM, OUT_LAYER_SIZE, Cnn, ImageBatch, first_nonfinite, nonfinite_error
+from cnnlab.network import Cnn, ImageBatch, first_nonfinite, nonfinite_error
 from cnnlab.owner import BackendOwner
 from cnnlab.run import make_backend, run_network
 

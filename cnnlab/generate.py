@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
+from cnnlab.constants import CONV_LAYER_SIZE, FILTER_DIM, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM
 from cnnlab.errors import OutputFileError, byte_size, named
 from cnnlab.files.labcsv import format_rows, write_images
 from cnnlab.files.safety import AtomicOutput, OutputSet
-from cnnlab.network import CONV_LAYER_SIZE, FILTER_DIM, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM
 from cnnlab.progress import Progress
 
 VALUE_BOUND = 10.0

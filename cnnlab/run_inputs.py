@@ -20,13 +20,14 @@ from typing import Any, Protocol
 import numpy as np
 
 from cnnlab.backend import Backend, Batch, DeviceBatch
+from cnnlab.constants import IMAGE_BYTES
 from cnnlab.errors import DeviceError
 from cnnlab.files.csv_batch import CsvBatch
 from cnnlab.files.csv_on_device import CsvRangeReader, text_start
 from cnnlab.files.csv_reader import CsvImageReader
 from cnnlab.files.formats import ImageReader
 from cnnlab.files.npy import VIEW_IMAGES, NpyImageReader
-from cnnlab.network import IMAGE_BYTES, ImageBatch, ImageBuffer, fits
+from cnnlab.network import ImageBatch, ImageBuffer, fits
 from cnnlab.tracing import Tracer
 
 
@@ -196,14 +197,12 @@ def _free(buffer: ImageBuffer) -> None:
 
 
 def free_each(frees: list[Callable[[], None]], failing: BaseException | None) -> None:
-    """Call every free. Where the run is `failing`, a free that fails too is passed over (noted on the run's error where
-    Python keeps notes), so that the run's own error is the one told: the backend's close, or the process's end, takes
-    what is left."""
+    """Call every free. Where the run is `failing`, a free that fails too is passed over (noted on the run's error), so
+    that the run's own error is the one told: the backend's close, or the process's end, takes what is left."""
     for free in frees:
         try:
             free()
         except Exception as error:
             if failing is None:
                 raise
-            if hasattr(failing, "add_note"):  # Python 3.11 and later
-                failing.add_note(f"and a free failed after it: {error!r}")
+            vars(failing).setdefault("__notes__", []).append(f"and a free failed after it: {error!r}")  # add_note's, on 3.10 too

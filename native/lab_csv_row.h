@@ -99,22 +99,19 @@ LAB_AVX2_TARGET bool parse_row_avx2(const char *p, const char *line_end, const c
     uint64_t bits[LAB_ROW_BITMAP_WORDS];
     if (lab_comma_bitmap_avx2(p, length, limit, bits) != width - 1)
         return false;
+    // Each comma ends a field; the row's end ends the last. The words read are the ones the bitmap wrote.
     const char *field = p;
-    long long word = 0;
-    uint64_t mask = bits[0];
-    for (Py_ssize_t i = 0; i < width; ++i) {
-        const char *field_end = line_end;
-        if (i + 1 < width) {
-            while (mask == 0)
-                mask = bits[++word];
-            field_end = p + 64 * word + __builtin_ctzll(mask);
-            mask &= mask - 1;
+    double *value = out;
+    for (long long word = 0; word < (length + 63) / 64; ++word) {
+        for (uint64_t mask = bits[word]; mask != 0; mask &= mask - 1) {
+            const char *field_end = p + 64 * word + __builtin_ctzll(mask);
+            if (!lab_repr_field_avx2(field, field_end, limit, value) && !parse_one_field(field, field_end, value))
+                return false;
+            field = field_end + 1;
+            ++value;
         }
-        if (!lab_repr_field_avx2(field, field_end, limit, out + i) && !parse_one_field(field, field_end, out + i))
-            return false;
-        field = field_end + 1;
     }
-    return true;
+    return lab_repr_field_avx2(field, line_end, limit, value) || parse_one_field(field, line_end, value);
 }
 
 // The AVX-512 row parser: where the whole row is repr-shaped fields (lab_repr_row_avx512, one pass of mask compares)

@@ -90,10 +90,10 @@ def test_compile_error_is_reported(tmp_path: Path) -> None:
 
 @needs_nvcc
 def test_kernel_sizes_come_from_python_alone(tmp_path: Path) -> None:
-    """The PTX's launch bounds and shared arrays are the sizes cnnlab/cuda/kernels.py and cnnlab/network.py define;
+    """The PTX's launch bounds and shared arrays are the sizes cnnlab/constants.py and cnnlab/cuda/kernels.py define;
     without the build step's -D flags the kernel does not compile at all."""
-    from cnnlab.cuda.kernels import CONV_BANDS_PER_BLOCK, CONV_THREADS, DENSE_MAX_THREADS
-    from cnnlab.network import CONV_LAYER_SIZE, FILTER_DIM, INPUT_DIM
+    from cnnlab.constants import CONV_BANDS_PER_BLOCK, CONV_LAYER_SIZE, DENSE_MAX_THREADS, FILTER_DIM, INPUT_DIM
+    from cnnlab.cuda.kernels import CONV_THREADS
 
     text = nvcc.build_ptx(nvcc.kernel_source(), tmp_path / "kernel.ptx").read_text()
     conv = text[text.index(".entry conv2d_relu(") :]

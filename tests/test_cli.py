@@ -56,6 +56,20 @@ def test_cpu_on_generated_files_matches_backend_and_writes_timing_json(tmp_path:
     assert figures["images_per_second"] == pytest.approx(5 / figures["work_seconds"])
 
 
+@pytest.mark.parametrize("at", [1, 2, 3])
+def test_options_may_stand_among_the_files(tmp_path: Path, at: int) -> None:
+    """`cnnlab cpu data/cnn.csv --threads 2 data/in.csv out.csv`: the options anywhere among the files, the outputs those of
+    the run that names them first, and the lab's expected ones by its comparison."""
+    data = resource_dir("data")
+    files = [data / "cnn.csv", data / "in.csv", tmp_path / "out.csv"]
+    result = cnnlab("cpu", *files[:at], "--threads", "2", "--batch", "3", *files[at:])
+    assert result.returncode == 0, result.stderr
+    assert TIMING_LINE.match(result.stdout) and result.stderr == ""
+    assert cnnlab("cpu", "--threads", "2", "--batch", "3", *files[:2], tmp_path / "first.csv").returncode == 0
+    assert (tmp_path / "out.csv").read_text() == (tmp_path / "first.csv").read_text()
+    assert cnnlab("compare", tmp_path / "out.csv", data / "out.csv").returncode == 0
+
+
 @pytest.mark.parametrize(
     ("options", "environment", "cpus", "threads"),
     [

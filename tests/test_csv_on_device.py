@@ -15,6 +15,7 @@ import pytest
 from helpers import assert_one_line_error, assert_within_rule, cnnlab, cpu_outputs, random_cnn, why_no_gpu, write_files
 
 from cnnlab.backend import Batch, DeviceBatch, TextBatching
+from cnnlab.constants import INPUT_DIM
 from cnnlab.cpu.backend import CpuBackend
 from cnnlab.errors import InputFileError
 from cnnlab.files.csv_on_device import last_row_end
@@ -22,7 +23,7 @@ from cnnlab.files.labcsv import format_rows
 from cnnlab.files.lines import MAX_LINE_BYTES, Span
 from cnnlab.files.rows import Layout, RowPlace, parse_rows
 from cnnlab.generate import random_values
-from cnnlab.network import INPUT_DIM, Cnn, ImageBatch, OutputBatch
+from cnnlab.network import Cnn, ImageBatch, OutputBatch
 from cnnlab.run import run_network
 
 GPU = pytest.mark.skipif(why_no_gpu() is not None, reason=str(why_no_gpu()))

@@ -17,12 +17,13 @@ import pytest
 from helpers import assert_one_line_error, cnnlab, cpu_outputs, random_cnn, why_no_gpu, write_files
 
 from cnnlab.backend import Batch, DeviceBatch, TextBatching
+from cnnlab.constants import IMAGE_BYTES, INPUT_DIM
 from cnnlab.cpu.backend import CpuBackend
 from cnnlab.cuda.multi_gpu import MultiGpuBackend
 from cnnlab.errors import DeviceError, InputFileError
 from cnnlab.files.csv_batch import CsvBatch
 from cnnlab.generate import random_values, write_cnn_file
-from cnnlab.network import IMAGE_BYTES, INPUT_DIM, Cnn, ImageBatch, OutputBatch
+from cnnlab.network import Cnn, ImageBatch, OutputBatch
 from cnnlab.run import run_network
 
 GPU = pytest.mark.skipif(why_no_gpu() is not None, reason=str(why_no_gpu()))

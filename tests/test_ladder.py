@@ -30,7 +30,7 @@ from helpers import (
 from cnnlab.bench.report import D2D_BOUND, BenchOptions, BenchReport, Figure, format_ladder
 from cnnlab.compare import compare_files
 from cnnlab.cpu.backend import CpuBackend
-from cnnlab.cuda import ladder, launchers, nvcc
+from cnnlab.cuda import builds, ladder, launchers, nvcc
 from cnnlab.errors import DeviceError
 from cnnlab.generate import random_values
 from cnnlab.network import Cnn, ImageBatch
@@ -79,7 +79,8 @@ def test_every_rung_is_registered_once_with_a_source_that_says_what_it_changes()
             header = "".join(line for line in text.splitlines(keepends=True) if line.startswith("//")).lower()
             for part in ("what changes", "threads to data", "exactness", "napkin math"):
                 assert part in header, f"{rung.source}'s header says nothing of {part}"
-    assert sorted(ENTRY_POINTS) == sorted({build.source for build in ladder.every_build()})
+    assert sorted(ENTRY_POINTS) == sorted({build.source for build in builds.every_build()})
+    assert {rung.source for rung in ladder.RUNGS} - {"kernel.cu"} == set(ENTRY_POINTS), "a rung the build step does not build"
 
 
 @needs_nvcc
@@ -87,7 +88,7 @@ def test_every_rung_is_registered_once_with_a_source_that_says_what_it_changes()
 @pytest.mark.parametrize("source", sorted(ENTRY_POINTS))
 def test_every_rung_builds_for_the_oldest_and_the_newest_target(tmp_path: Path, source: str, arch: str) -> None:
     """compute_75 takes each source's fallbacks (no cp.async, no tensor cores), compute_90 the code the H100 runs."""
-    build = next(build for build in ladder.every_build() if build.source == source)
+    build = next(build for build in builds.every_build() if build.source == source)
     ptx = nvcc.build_ptx(nvcc.kernel_source(source), tmp_path / "rung.ptx", arch, build.sizes).read_text()
     for name in ENTRY_POINTS[source]:
         assert f".entry {name}(" in ptx
@@ -95,38 +96,38 @@ def test_every_rung_builds_for_the_oldest_and_the_newest_target(tmp_path: Path, 
 
 @needs_nvcc
 def test_each_rung_does_what_its_header_says(tmp_path: Path) -> None:
-    def ptx(build: launchers.Build, arch: str) -> str:
+    def ptx(build: nvcc.Build, arch: str) -> str:
         return nvcc.build_ptx(nvcc.kernel_source(build.source), tmp_path / "rung.ptx", arch, build.sizes).read_text()
 
-    constant = ptx(launchers.CONSTANT_BUILD, "compute_90")
+    constant = ptx(builds.CONSTANT_BUILD, "compute_90")
     assert "ld.const.f64" in entry(constant, "conv_constant") and "ld.const" not in entry(constant, "conv_global")
-    tiled = ptx(launchers.FUSED_TILED_BUILD, "compute_90")
+    tiled = ptx(builds.FUSED_TILED_BUILD, "compute_90")
     assert "cp.async.cg.shared.global" in tiled and "fma.rn.f64" in tiled
-    assert "cp.async" not in ptx(launchers.FUSED_TILED_BUILD, "compute_75")
+    assert "cp.async" not in ptx(builds.FUSED_TILED_BUILD, "compute_75")
     # The bit-exact conv: separately rounded multiplies and adds, 250 of each for 10 filters (less the first adds);
     # rung 11's: 10 multiplies, the rest FMAs (the dense layer's 100 besides).
     assert (tiled.count("mul.rn.f64"), tiled.count("add.rn.f64"), tiled.count("fma.rn.f64")) == (250, 240, 100)
-    fma = ptx(launchers.FUSED_TILED_FMA_BUILD, "compute_90")
+    fma = ptx(builds.FUSED_TILED_FMA_BUILD, "compute_90")
     assert (fma.count("mul.f64"), fma.count("add.rn.f64"), fma.count("fma.rn.f64")) == (10, 0, 340)
-    mma = ptx(launchers.MMA_BUILD, "compute_90")
+    mma = ptx(builds.MMA_BUILD, "compute_90")
     assert "mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64" in entry(mma, "conv_mma")
     assert "mma.sync.aligned.m8n8k4" in entry(mma, "dense_mma")
-    assert "mma.sync" not in ptx(launchers.MMA_BUILD, "compute_75")
+    assert "mma.sync" not in ptx(builds.MMA_BUILD, "compute_75")
     # Rung 12: rung 9's conv alone, bit-exact (the dense layer's FMAs are dense_coarsened's), streamed by cp.async.
-    conv = entry(ptx(launchers.TWO_KERNELS_BUILD, "compute_90"), "conv_tiled")
+    conv = entry(ptx(builds.TWO_KERNELS_BUILD, "compute_90"), "conv_tiled")
     assert (conv.count("mul.rn.f64"), conv.count("add.rn.f64"), conv.count("fma.rn.f64")) == (250, 240, 0)
     assert "cp.async.cg.shared.global" in conv and "st.global.f64" in conv
 
 
 def test_the_tiled_rungs_image_stride_shardeds_each_half_warp_over_every_bank() -> None:
     for tile in (8, 16):
-        stride, columns = launchers.conflict_free_stride(tile), 32 // tile
+        stride, columns = builds.conflict_free_stride(tile), 32 // tile
         assert stride % 2 == 0  # 16-byte copies
         for half in (0, 16):
             # 8-byte loads: lane -> image lane / columns, column lane % columns; a double covers banks 2k, 2k + 1.
             banks = [((lane // columns) * stride + lane % columns * 5) * 2 % 32 for lane in range(half, half + 16)]
             assert sorted(banks) == list(range(0, 32, 2))
-    assert launchers.fused_tiled_shared_bytes(launchers.fused_tiled_sizes(16, 2)) <= 227 * 1024  # what an H100 block may take
+    assert launchers.fused_tiled_shared_bytes(builds.fused_tiled_sizes(16, 2)) <= 227 * 1024  # what an H100 block may take
 
 
 def test_an_unknown_kernel_is_one_line_and_status_2() -> None:

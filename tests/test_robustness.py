@@ -18,13 +18,14 @@ from hypothesis.extra.numpy import arrays
 
 from cnnlab.cli import commands
 from cnnlab.cli import main as cli
+from cnnlab.constants import IMAGE_BYTES
 from cnnlab.cpu.backend import CpuBackend
 from cnnlab.errors import DeviceError
 from cnnlab.files.csv_reader import STEP_IMAGES
 from cnnlab.files.formats import open_outputs, read_outputs
 from cnnlab.files.labcsv import read_cnn, write_input_file
 from cnnlab.generate import random_values, write_cnn_file
-from cnnlab.network import IMAGE_BYTES, ImageBatch, OutputBatch
+from cnnlab.network import ImageBatch, OutputBatch
 
 FINITE = st.floats(allow_nan=False, allow_infinity=False, width=64)
 NO_FILES_LEFT = "no output and no temporary file may be left behind"

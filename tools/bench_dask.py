@@ -37,8 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import cnnlab  # noqa: E402
 from cnnlab.bench.report import alternated_seconds, repeat_seconds  # noqa: E402
+from cnnlab.constants import IMAGE_BYTES, INPUT_DIM  # noqa: E402
 from cnnlab.generate import random_values  # noqa: E402
-from cnnlab.network import IMAGE_BYTES, INPUT_DIM  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -30,14 +30,15 @@ import numpy as np  # noqa: E402
 from cnnlab.bench.gpu import device_copy_rate, event_seconds, time_kernels  # noqa: E402
 from cnnlab.bench.report import median_rate  # noqa: E402
 from cnnlab.compare import rule_verdict  # noqa: E402
+from cnnlab.constants import IMAGE_BYTES  # noqa: E402
 from cnnlab.cpu.backend import CpuBackend  # noqa: E402
-from cnnlab.cuda import kernels, ladder, launchers  # noqa: E402
+from cnnlab.cuda import builds, kernels, ladder, launchers, nvcc  # noqa: E402
 from cnnlab.cuda.context import CudaContext  # noqa: E402
 from cnnlab.cuda.driver import device_errors  # noqa: E402
 from cnnlab.cuda.ladder import LaunchConfig  # noqa: E402
 from cnnlab.errors import CnnlabError  # noqa: E402
 from cnnlab.generate import random_values  # noqa: E402
-from cnnlab.network import IMAGE_BYTES, Cnn, ImageBatch  # noqa: E402
+from cnnlab.network import Cnn, ImageBatch  # noqa: E402
 
 # (images per tile, stages, exact conv): 8 x 2 is the rungs' shape (two blocks a multiprocessor); 16 x 2
 # fits one block, 8 x 3 and 8 x 4 one block with a deeper pipeline.
@@ -53,11 +54,11 @@ def stage_times(context: CudaContext, resident: Any, bound: float, repeats: int)
     conv_out = context.memory.device(count * 4000 * 8)
     partials = context.memory.device(4 * count * 10 * 8)
     stream = driver.Stream()
-    conv = kernels.Conv2dRelu(setup.module(launchers.KERNEL_BUILD), setup.sm_count)
-    dense = kernels.FlattenedToDense(setup.module(launchers.KERNEL_BUILD), setup.sm_count, 4, 256)
-    coarse = setup.function(launchers.COARSE_BUILD, "dense_coarsened", "PPPii")
-    tiled_shared = launchers.fused_tiled_shared_bytes(launchers.TWO_KERNELS_BUILD.sizes)
-    tiled = setup.function(launchers.TWO_KERNELS_BUILD, "conv_tiled", "PPi", tiled_shared)
+    conv = kernels.Conv2dRelu(setup.module(builds.KERNEL_BUILD), setup.sm_count)
+    dense = kernels.FlattenedToDense(setup.module(builds.KERNEL_BUILD), setup.sm_count, 4, 256)
+    coarse = setup.function(builds.COARSE_BUILD, "dense_coarsened", "PPPii")
+    tiled_shared = launchers.fused_tiled_shared_bytes(builds.TWO_KERNELS_BUILD.sizes)
+    tiled = setup.function(builds.TWO_KERNELS_BUILD, "conv_tiled", "PPi", tiled_shared)
     tiled_blocks = setup.sm_count * setup.blocks_per_sm(160, tiled_shared)
     blocks = max(1, setup.sm_count * kernels.BLOCKS_PER_SM // 4)
     stages = (
@@ -103,8 +104,8 @@ def main() -> int:
         bound = device_copy_rate(context, resident, args.repeats) / IMAGE_BYTES
         print(f"{context.device}: device-to-device copy bound {bound:,.0f} images/s")
         for tile, stages, exact in VARIANTS if "fused" in args.parts else ():
-            sizes = launchers.fused_tiled_sizes(tile, stages, exact)
-            build = launchers.Build(launchers.FUSED_TILED_BUILD.source, sizes, f"t{tile}s{stages}{'' if exact else 'fma'}")
+            sizes = builds.fused_tiled_sizes(tile, stages, exact)
+            build = nvcc.Build(builds.FUSED_TILED_BUILD.source, sizes, f"t{tile}s{stages}{'' if exact else 'fma'}")
             shared = launchers.fused_tiled_shared_bytes(sizes)
             name = f"tile {tile:>2}, {stages} stages, {'exact conv' if exact else 'FMA conv'}"
             try:

@@ -26,11 +26,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cnnlab.bench.report import median_rate  # noqa: E402
+from cnnlab.constants import INPUT_DIM  # noqa: E402
 from cnnlab.cpu._forward import Forward  # noqa: E402
 from cnnlab.files import csv_reader  # noqa: E402
 from cnnlab.files.csv_reader import PARSE_IMAGES, STEP_IMAGES, CsvImageReader  # noqa: E402
 from cnnlab.files.lines import native  # noqa: E402
-from cnnlab.network import INPUT_DIM  # noqa: E402
 
 
 def cuts(data: np.ndarray, start: int, rows_each: int) -> list[tuple[int, int, int]]:

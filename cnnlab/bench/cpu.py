@@ -17,10 +17,11 @@ import numpy as np
 
 from cnnlab.bench.peers import run_peers
 from cnnlab.bench.report import BenchOptions, Figure, Traffic, alternated_seconds, median_rate, rate_and_spread
+from cnnlab.constants import FLOPS_PER_IMAGE, IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE
 from cnnlab.cpu.backend import CpuBackend, Forward, kernel_isa
 from cnnlab.cpu.numpy_forward import NumpyForward
 from cnnlab.generate import random_values
-from cnnlab.network import FLOPS_PER_IMAGE, IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, Cnn, ImageBatch
+from cnnlab.network import Cnn, ImageBatch
 
 MEMORY_BOUND = "memory"  # the key of the cpu rows' bound: every image read once, on the same threads
 

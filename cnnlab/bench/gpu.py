@@ -26,13 +26,15 @@ from cnnlab.bench.gpus import COPY_BYTES, aggregate_bound
 from cnnlab.bench.peers import run_peers
 from cnnlab.bench.report import D2D_BOUND, BenchOptions, BenchReport, Figure, median_rate, rate_and_spread
 from cnnlab.compare import rule_verdict
+from cnnlab.constants import FLOPS_PER_IMAGE, IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM
 from cnnlab.cpu.backend import CpuBackend
 from cnnlab.cuda import ladder
+from cnnlab.cuda.builds import SWEEP_BANDS
 from cnnlab.cuda.driver import device_errors
-from cnnlab.cuda.launchers import SWEEP_BANDS, SWEEP_THREADS, activation_images, block_sweep
+from cnnlab.cuda.launchers import SWEEP_THREADS, activation_images, block_sweep
 from cnnlab.errors import CnnlabError, ResourceError
 from cnnlab.generate import random_values
-from cnnlab.network import FLOPS_PER_IMAGE, IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM, Cnn, ImageBatch, OutputBatch
+from cnnlab.network import Cnn, ImageBatch, OutputBatch
 
 if TYPE_CHECKING:
     from cnnlab.backend import Backend

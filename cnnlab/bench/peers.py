@@ -39,20 +39,10 @@ import numpy as np
 
 from cnnlab.bench.report import Figure
 from cnnlab.compare import rule_verdict
+from cnnlab.constants import CONV_LAYER_SIZE, CONV_OUT_DIM, FILTER_DIM, FLOPS_PER_IMAGE, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM
 from cnnlab.cpu.backend import CpuBackend
 from cnnlab.generate import random_values
-from cnnlab.network import (
-    CONV_LAYER_SIZE,
-    CONV_OUT_DIM,
-    FILTER_DIM,
-    FLOPS_PER_IMAGE,
-    INPUT_DIM,
-    OUT_LAYER_SIZE,
-    OUT_NEURON_DIM,
-    Cnn,
-    ImageBatch,
-    default_threads,
-)
+from cnnlab.network import Cnn, ImageBatch, default_threads
 
 FRAMEWORKS = ("torch", "jax")  # the network's peers (KvikIO, "kvikio", is the npy and csv rows': a read, not the network)
 CHECK_IMAGES = 256  # images whose outputs are compared with the CPU's

@@ -23,9 +23,10 @@ from cnnlab.bench.peers import FRAMEWORKS, run_peers
 from cnnlab.bench.report import D2D_BOUND, GPU_ROWS, BenchOptions, BenchReport, Figure
 from cnnlab.bench.startup import bench_startup
 from cnnlab.bench.text import bench_csv, bench_reader
+from cnnlab.constants import CONV_LAYER_SIZE, OUT_LAYER_SIZE
 from cnnlab.errors import CnnlabError
 from cnnlab.generate import random_values
-from cnnlab.network import CONV_LAYER_SIZE, OUT_LAYER_SIZE, Cnn
+from cnnlab.network import Cnn
 from cnnlab.progress import Progress
 
 

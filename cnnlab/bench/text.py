@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 
 from cnnlab.bench.report import BenchOptions, Figure, Traffic, alternated_seconds, median_rate
+from cnnlab.constants import INPUT_DIM
 from cnnlab.files.csv_reader import CsvImageReader
-from cnnlab.network import INPUT_DIM, Cnn, default_threads
+from cnnlab.network import Cnn, default_threads
 
 LOADTXT_IMAGES = 50  # numpy.loadtxt reads the first images only: on the whole file it would take minutes
 

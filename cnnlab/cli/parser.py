@@ -60,6 +60,22 @@ class _Parser(argparse.ArgumentParser):
                 super()._print_message(message, file)
 
 
+class _CommandParser(_Parser):
+    """A command's parser: its options may stand anywhere among its files (`cnnlab cpu CNN --threads 2 IN OUT`), as
+    argparse's intermixed parsing reads them; the command line's parser hands a command its arguments through here."""
+
+    _intermixed = False  # within parse_known_intermixed_args, which (before Python 3.12.8 and 3.13.1) calls this again
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        if self._intermixed:
+            return super().parse_known_args(args, namespace)
+        self._intermixed = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixed = False
+
+
 def _positive_int(text: str, most: int | None = None) -> int:
     try:
         value = int(text)
@@ -125,7 +141,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     for --help and for a mistyped command), so that a run imports nothing another command needs."""
     parser = _Parser(prog="cnnlab", description="The ECE 459 Lab 3 CNN: a batched float64 forward on the CPU or a GPU.")
     parser.add_argument("--version", action="version", version=f"cnnlab {__version__}")
-    subcommands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    subcommands = parser.add_subparsers(dest="command", required=True, parser_class=_CommandParser)
     builders: dict[str, Callable[[Any], None]] = {
         "cpu": partial(_add_run, mode="cpu"),
         "cuda": partial(_add_run, mode="cuda"),

@@ -14,20 +14,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from cnnlab.constants import IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE
 from cnnlab.errors import UsageError
 from cnnlab.extensions import note_missing
 from cnnlab.files.text import HostMemory
-from cnnlab.network import (
-    IMAGE_BYTES,
-    INPUT_DIM,
-    OUT_LAYER_SIZE,
-    Cnn,
-    ImageBatch,
-    OutputBatch,
-    default_threads,
-    nonfinite_error,
-    own_pages,
-)
+from cnnlab.network import Cnn, ImageBatch, OutputBatch, default_threads, nonfinite_error, own_pages
 
 if TYPE_CHECKING:
     from cnnlab.backend import Batch

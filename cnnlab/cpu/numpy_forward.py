@@ -14,14 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from cnnlab.network import (
-    CONV_LAYER_SIZE,
-    CONV_OUT_DIM,
-    FILTER_DIM,
-    OUT_LAYER_SIZE,
-    OUT_NEURON_DIM,
-    first_nonfinite,
-)
+from cnnlab.constants import CONV_LAYER_SIZE, CONV_OUT_DIM, FILTER_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM
+from cnnlab.network import first_nonfinite
 
 # Images per numpy pass: small enough that the (25, n, 10, 400) product array stays in cache.
 PASS_IMAGES = 8

@@ -8,9 +8,10 @@ memory.py      Allocator: device and page-locked host memory
 file_copier.py FileCopier and DeviceImageBuffer: a file's bytes straight into device memory, through staging buffers
 file_buffers.py  FileBuffers: a context's image buffers and CSV double buffers, and the file copier that fills them
 chunk_streams.py  ChunkStreams: a call's chunks dealt over streams; where a chunk's images come from and outputs go
-kernels.py     kernel/kernel.cu's sizes, defined once, and one launcher per kernel
+kernels.py     one launcher per kernel of kernel/kernel.cu (its sizes are cnnlab/constants.py's)
 ladder.py      the optimization ladder: the rungs, what each teaches, how exact it is, the launch configuration
-launchers.py   each rung's sizes, builds and launcher
+builds.py      each rung's build sizes, defined once, and every ladder fatbin the build step makes (no numpy)
+launchers.py   each rung's launch sizes and launcher
 device_setup.py  what the launchers need of the context (DeviceSetup): the device's limits, modules loaded on need
 csv_parser.py  kernel/csv.cu's launchers: the lab's input CSV parsed on the GPU
 nvcc.py        one kernel source compiled by nvcc to PTX and a fatbin, where stale

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from cnnlab.cuda import nvcc  # through the module: a test that points nvcc.kernel_source elsewhere points it here too
-from cnnlab.cuda.ladder import every_build
+from cnnlab.cuda.builds import every_build
 from cnnlab.errors import CnnlabError
 
 

@@ -21,13 +21,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from cnnlab.constants import IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM
 from cnnlab.cuda.csv_parser import CsvParse, host_values
 from cnnlab.cuda.driver import Driver, device_errors
 from cnnlab.cuda.kernels import FindNonFinite, SumSegments
 from cnnlab.cuda.launchers import Launcher, activation_images
 from cnnlab.cuda.memory import Allocator, HostCopier
 from cnnlab.errors import DeviceError
-from cnnlab.network import IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM, OutputBatch, nonfinite_error
+from cnnlab.network import OutputBatch, nonfinite_error
 from cnnlab.tracing import NO_TRACE, Tracer
 
 

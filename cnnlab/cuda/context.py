@@ -33,6 +33,7 @@ import numpy as np
 
 from cnnlab.arrays import check_device_images, check_device_outputs, device_array, host_images
 from cnnlab.backend import DeviceBatch, TextBatching
+from cnnlab.constants import INPUT_DIM, OUT_LAYER_SIZE
 from cnnlab.cuda import gpus
 from cnnlab.cuda.chunk_streams import ChunkSource, ChunkStreams, CsvTextChunks, DeviceOutputs, HostImages, ResidentImages
 from cnnlab.cuda.csv_double_buffer import DeviceCsvDoubleBuffer
@@ -55,7 +56,7 @@ from cnnlab.cuda.launchers import KERNEL_BUILD, Launcher
 from cnnlab.cuda.memory import Allocator, HostCopier, is_page_locked
 from cnnlab.cuda.nvcc import ensure_modules
 from cnnlab.errors import ArrayError, UsageError
-from cnnlab.network import INPUT_DIM, OUT_LAYER_SIZE, Cnn, ImageBatch, OutputBatch, default_threads, require_finite
+from cnnlab.network import Cnn, ImageBatch, OutputBatch, default_threads, require_finite
 from cnnlab.tracing import NO_TRACE, Tracer
 
 if TYPE_CHECKING:

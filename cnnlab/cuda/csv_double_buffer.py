@@ -32,13 +32,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from cnnlab.constants import IMAGE_BYTES, INPUT_DIM
 from cnnlab.cuda.csv_parser import CsvParse, field_values, host_spans, scratch_bytes
 from cnnlab.cuda.driver import device_errors
 from cnnlab.cuda.file_copier import Copying, DeviceImageBuffer, FileCopier
 from cnnlab.errors import InputFileError
 from cnnlab.files.lines import Span
 from cnnlab.files.rows import Layout, RowPlace, parse_rows
-from cnnlab.network import IMAGE_BYTES, INPUT_DIM
 from cnnlab.tracing import NO_TRACE, Tracer
 
 if TYPE_CHECKING:

@@ -9,10 +9,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, suppress
 from typing import TYPE_CHECKING, Any
 
+from cnnlab.constants import IMAGE_BYTES
 from cnnlab.cuda.csv_double_buffer import TEXT_BUFFER_BYTES, DeviceCsvDoubleBuffer, text_buffer_bytes
 from cnnlab.cuda.driver import context_lost, device_errors
 from cnnlab.cuda.file_copier import DeviceImageBuffer, FileCopier
-from cnnlab.network import IMAGE_BYTES
 from cnnlab.tracing import Tracer
 
 if TYPE_CHECKING:

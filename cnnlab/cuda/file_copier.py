@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from cnnlab.constants import IMAGE_BYTES, INPUT_DIM
 from cnnlab.cuda.driver import device_errors
 from cnnlab.cuda.memory import TASK_BYTES
-from cnnlab.network import IMAGE_BYTES, INPUT_DIM
 
 if TYPE_CHECKING:
     from cnnlab.cuda.driver import DeviceAllocation, Driver

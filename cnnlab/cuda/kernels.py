@@ -1,9 +1,9 @@
-"""The CNN kernels' sizes, defined here once, and one launcher per kernel.
+"""One launcher per kernel of kernel/kernel.cu, and the launch sizes it picks.
 
-The build step hands every size to nvcc as a -D flag (kernel.cu has no defaults, so the two sides
-cannot disagree), and tests/test_build.py reads the launch bounds back out of the PTX. Each
-launcher is what llm.c's launchers are: the grid from the sizes, the launch, and the check (PyCUDA
-raises the driver's launch error at once; the caller turns it into a DeviceError).
+The sizes the kernels are built with are cnnlab/constants.py's (nvcc gets them as -D flags), and
+tests/test_build.py reads the launch bounds back out of the PTX. Each launcher is what llm.c's
+launchers are: the grid from the sizes, the launch, and the check (PyCUDA raises the driver's
+launch error at once; the caller turns it into a DeviceError).
 """
 
 from __future__ import annotations
@@ -13,26 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from cnnlab.network import CONV_OUT_DIM, INPUT_DIM, OUT_LAYER_SIZE, network_sizes
+from cnnlab.constants import CONV_BANDS_PER_BLOCK, CONV_OUT_DIM, INPUT_DIM, OUT_LAYER_SIZE
 
-CONV_BANDS_PER_BLOCK = 8  # output rows (bands of 5 input rows) one conv2d_relu thread block handles at a time
 CONV_THREADS = CONV_BANDS_PER_BLOCK * CONV_OUT_DIM  # conv2d_relu's thread-block size: a thread per output column
-DENSE_MAX_THREADS = 1024  # flattened_to_dense's largest thread block (its shared memory is sized for it)
 BLOCKS_PER_SM = 8  # grid-stride kernels: enough resident thread blocks to hide memory latency
-
-
-def kernel_sizes() -> dict[str, int]:
-    """Every size kernel.cu uses, by the name nvcc gets it as."""
-    return {
-        **network_sizes(),
-        "CONV_BANDS_PER_BLOCK": CONV_BANDS_PER_BLOCK,
-        "DENSE_MAX_THREADS": DENSE_MAX_THREADS,
-    }
-
-
-def nvcc_defines(sizes: dict[str, int] | None = None) -> list[str]:
-    """kernel_sizes() as nvcc -D flags, with `sizes` added or put in their place (the ladder's builds)."""
-    return [f"-D{name}={value}" for name, value in {**kernel_sizes(), **(sizes or {})}.items()]
 
 
 class Conv2dRelu:

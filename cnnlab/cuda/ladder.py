@@ -16,12 +16,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cnnlab.cuda.device_setup import DeviceSetup
-from cnnlab.cuda.kernels import CONV_BANDS_PER_BLOCK, DENSE_MAX_THREADS
-from cnnlab.cuda.launchers import (
+from cnnlab.constants import CONV_BANDS_PER_BLOCK, DENSE_MAX_THREADS, IMAGE_BYTES, OUT_LAYER_SIZE, OUT_NEURON_DIM
+from cnnlab.cuda.builds import (
     COARSE_BUILD,
     COARSE_IMAGES,
-    COARSE_SEGMENTS,
     COARSE_THREADS,
     CONSTANT_BUILD,
     FUSED_BUILD,
@@ -32,10 +30,13 @@ from cnnlab.cuda.launchers import (
     LAB_BUILD,
     LAB_SEGMENTS,
     MMA_BUILD,
-    SWEEP_BANDS,
     TREE_BUILD,
-    TREE_SEGMENTS,
     TWO_KERNELS_BUILD,
+)
+from cnnlab.cuda.device_setup import DeviceSetup
+from cnnlab.cuda.launchers import (
+    COARSE_SEGMENTS,
+    TREE_SEGMENTS,
     BatchedGlobal,
     ConvThenDense,
     Im2colMma,
@@ -47,11 +48,8 @@ from cnnlab.cuda.launchers import (
     fused,
     fused_tiled,
     shared_tiles,
-    sweep_build,
 )
-from cnnlab.cuda.nvcc import Build
 from cnnlab.errors import DeviceError
-from cnnlab.network import IMAGE_BYTES, OUT_LAYER_SIZE, OUT_NEURON_DIM
 
 # The default: the fastest rung of the design card's shape (a conv kernel, then a dense kernel, the partial sums added on
 # the host): rung 12 (BENCHMARKS.md). kernel/kernel.cu's conv2d_relu and flattened_to_dense, the card's own, are rung 6.
@@ -84,7 +82,6 @@ class Rung:
     exactness: str
     device_bytes: int  # device memory moved per image by its design
     make: Callable[[DeviceSetup, LaunchConfig], Launcher]
-    builds: tuple[Build, ...]  # what the build step compiles for it
     min_capability: tuple[int, int] = (7, 5)
     max_bench_images: int | None = None  # the bench's image count, where the rung is too slow for the default
 
@@ -95,33 +92,32 @@ class Rung:
 
 RUNGS = (
     Rung(1, "lab", LAB_BUILD.source, "the lab's scheme: one image per launch, a shared-memory tree, host sum", CONV_EXACT,
-         _traffic(LAB_SEGMENTS), lambda setup, config: Lab(setup), (LAB_BUILD,), max_bench_images=2000),
+         _traffic(LAB_SEGMENTS), lambda setup, config: Lab(setup), max_bench_images=2000),
     Rung(2, "batched_global", GLOBAL_BUILD.source, "a batch per launch, a thread per output, all from global memory", BIT_EXACT,
-         _traffic(1), lambda setup, config: BatchedGlobal(setup, constant_filters=False), (GLOBAL_BUILD,), max_bench_images=16384),
+         _traffic(1), lambda setup, config: BatchedGlobal(setup, constant_filters=False), max_bench_images=16384),
     Rung(3, "constant_filters", CONSTANT_BUILD.source, "the filters in constant memory", BIT_EXACT,
-         _traffic(1), lambda setup, config: BatchedGlobal(setup, constant_filters=True), (CONSTANT_BUILD,), max_bench_images=16384),
+         _traffic(1), lambda setup, config: BatchedGlobal(setup, constant_filters=True), max_bench_images=16384),
     Rung(4, "shared_tiles", TREE_BUILD.source, "coalesced shared-memory tiles (conv), a reduction tree (dense)", CONV_EXACT,
-         _traffic(TREE_SEGMENTS), lambda setup, config: shared_tiles(setup), (TREE_BUILD,)),
+         _traffic(TREE_SEGMENTS), lambda setup, config: shared_tiles(setup)),
     Rung(5, "block_sweep", "ladder/05_block_sweep.cu", "rung 4 at the block sizes a sweep finds fastest", CONV_EXACT,
-         _traffic(TREE_SEGMENTS), lambda setup, config: block_sweep(setup), tuple(sweep_build(bands) for bands in SWEEP_BANDS)),
+         _traffic(TREE_SEGMENTS), lambda setup, config: block_sweep(setup)),
     Rung(6, "warp_shuffle", KERNEL_BUILD.source, "warp shuffles for the reduction, 16-byte loads (the card's own kernels)", CONV_EXACT,
          _traffic(4), lambda setup, config: WarpShuffle(
-             setup, config.segments, config.dense_threads, config.conv_blocks, config.dense_blocks), ()),
+             setup, config.segments, config.dense_threads, config.conv_blocks, config.dense_blocks)),
     Rung(7, "coarsened", COARSE_BUILD.source, "thread coarsening: each weight load serves 4 images", CONV_EXACT,
          _traffic(COARSE_SEGMENTS), lambda setup, config: ConvThenDense(
              setup, KERNEL_BUILD, CONV_BANDS_PER_BLOCK, COARSE_BUILD, "dense_coarsened", COARSE_THREADS, COARSE_SEGMENTS,
-             images_per_block=COARSE_IMAGES), (COARSE_BUILD,)),
+             images_per_block=COARSE_IMAGES)),
     Rung(8, "fused", FUSED_BUILD.source, "conv and dense fused, the activations in shared memory", CONV_EXACT,
-         _traffic(1, round_trip=False), lambda setup, config: fused(setup), (FUSED_BUILD,)),
+         _traffic(1, round_trip=False), lambda setup, config: fused(setup)),
     Rung(9, "fused_tiled", FUSED_TILED_BUILD.source, "fused and tiled over images, weights and images streamed by cp.async",
-         CONV_EXACT, _traffic(1, round_trip=False), lambda setup, config: fused_tiled(setup), (FUSED_TILED_BUILD,)),
+         CONV_EXACT, _traffic(1, round_trip=False), lambda setup, config: fused_tiled(setup)),
     Rung(10, "im2col_mma", MMA_BUILD.source, "im2col + GEMM on the FP64 tensor cores (mma.sync m8n8k4)", WITHIN_RULE,
-         _traffic(1), lambda setup, config: Im2colMma(setup), (MMA_BUILD,), min_capability=(8, 0)),
+         _traffic(1), lambda setup, config: Im2colMma(setup), min_capability=(8, 0)),
     Rung(11, "fused_tiled_fma", FUSED_TILED_FMA_BUILD.source, "rung 9 with FMAs in the conv: the price of bit-exactness",
-         WITHIN_RULE, _traffic(1, round_trip=False), lambda setup, config: fused_tiled(setup, FUSED_TILED_FMA_BUILD),
-         (FUSED_TILED_FMA_BUILD,)),
+         WITHIN_RULE, _traffic(1, round_trip=False), lambda setup, config: fused_tiled(setup, FUSED_TILED_FMA_BUILD)),
     Rung(12, "two_kernels", TWO_KERNELS_BUILD.source, "the card's two kernels at their best: rung 9's conv alone, rung 7's dense",
-         CONV_EXACT, _traffic(COARSE_SEGMENTS), lambda setup, config: TwoKernels(setup), (TWO_KERNELS_BUILD,)),
+         CONV_EXACT, _traffic(COARSE_SEGMENTS), lambda setup, config: TwoKernels(setup)),
 )
 BY_NAME = {rung.name: rung for rung in RUNGS}
 
@@ -149,11 +145,6 @@ class LaunchConfig:
             raise ValueError(f"segments must be between 1 and {OUT_NEURON_DIM // 2}, not {self.segments}")
         if self.dense_threads % 32 or not 32 <= self.dense_threads <= DENSE_MAX_THREADS:
             raise ValueError(f"dense_threads must be a multiple of 32 up to {DENSE_MAX_THREADS}")
-
-
-def every_build() -> list[Build]:
-    """Every ladder fatbin the build step makes."""
-    return [build for rung in RUNGS for build in rung.builds]
 
 
 def launcher(name: str, setup: DeviceSetup, config: LaunchConfig) -> Launcher:

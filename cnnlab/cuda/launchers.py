@@ -1,6 +1,6 @@
-"""The optimization ladder's launchers: each rung's sizes, defined here once and passed to nvcc as -D flags,
-its builds, and one small launcher per rung, all behind one interface (Launcher), so that a chunk stream runs
-any rung as it runs the default. What they need of the context is a DeviceSetup (device_setup.py).
+"""The optimization ladder's launchers: each rung's launch sizes and one small launcher per rung, all behind one
+interface (Launcher), so that a chunk stream runs any rung as it runs the default. What they need of the context is a
+DeviceSetup (device_setup.py); the sizes the rungs are built with, and their builds, are builds.py's.
 
 cnnlab/cuda/ladder.py lists the rungs, with what each teaches and how exact it is; the kernels are
 in kernel/ladder/ (rung 6 is kernel/kernel.cu, the default design).
@@ -14,53 +14,40 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from cnnlab.cuda.kernels import BLOCKS_PER_SM, CONV_BANDS_PER_BLOCK, Conv2dRelu, FlattenedToDense
+from cnnlab.constants import CONV_BANDS_PER_BLOCK, CONV_OUT_DIM, IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM
+from cnnlab.cuda.builds import (
+    COARSE_IMAGES,
+    COARSE_THREADS,
+    CONSTANT_BUILD,
+    FUSED_BUILD,
+    FUSED_TILED_BUILD,
+    GLOBAL_BUILD,
+    KERNEL_BUILD,
+    LAB_BUILD,
+    LAB_CONV_BLOCKS,
+    LAB_SEGMENTS,
+    LAB_THREADS,
+    MMA_BUILD,
+    MMA_IMAGES,
+    TREE_BUILD,
+    TWO_KERNELS_BUILD,
+    sweep_build,
+)
+from cnnlab.cuda.kernels import BLOCKS_PER_SM, Conv2dRelu, FlattenedToDense
 from cnnlab.cuda.nvcc import Build
-from cnnlab.network import CONV_OUT_DIM, FILTER_DIM, IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM
 
 if TYPE_CHECKING:
     from cnnlab.cuda.device_setup import DeviceSetup
 
-# The rungs' own sizes, passed to nvcc by the build step (each source #errors without them).
-LAB_CONV_BLOCKS, LAB_THREADS, LAB_SEGMENTS = 32, 1024, 4  # rung 1: the report's 32 x 1024 conv launch
+# The rungs' launch sizes; those nvcc builds them with are builds.py's.
 GLOBAL_THREADS = 256  # rungs 2 and 3: threads per block, a thread per output
 TREE_THREADS, TREE_SEGMENTS = 256, 4  # rung 4's dense_tree
-SWEEP_BANDS = (2, 4, 8, 12)  # rung 5: conv2d_relu's bands per block (x 20 threads; 12 fills 48 KB of shared memory)
 SWEEP_THREADS = (64, 128, 256, 512, 1024)  # rung 5: dense_tree's threads per block
 BLOCK_SWEEP_BEST = (12, 128)  # rung 5's (bands, threads) for `cnnlab cuda`: the fastest pair of the H100 sweep (BENCHMARKS.md)
-COARSE_IMAGES, COARSE_THREADS, COARSE_SEGMENTS = 4, 256, 4  # rung 7 (and rung 12's dense kernel)
+COARSE_SEGMENTS = 4  # rung 7 (and rung 12's dense kernel)
 FUSED_THREADS = 256  # rung 8
-# Rung 9: images per tile and shared-memory buffers taking turns. 8 x 2 leaves space for two blocks a
-# multiprocessor (108,800 bytes each), whose barriers then fall at different times; on the H100 it beat
-# 16 x 2 (one block of 186,112 bytes) and deeper pipelines of one block (tools/ladder_sweep.py; docs/ladder.md, rung 9).
-FT_TILE_IMAGES, FT_STAGES = 8, 2
-MMA_IMAGES, MMA_THREADS = 32, 256  # rung 10's dense_mma: images per block, 8 warps
-BAND_DOUBLES = FILTER_DIM * INPUT_DIM
+MMA_THREADS = 256  # rung 10's dense_mma: 8 warps
 MAP_SIZE = CONV_OUT_DIM * CONV_OUT_DIM  # patches per image
-
-
-def conflict_free_stride(tile_images: int) -> int:
-    """fused_tiled's image stride in shared memory, in doubles: the first even stride (16-byte
-    copies) from a band's 500 at which each half-warp's 16 tap loads land in 16 distinct pairs of
-    the 32 four-byte banks (a warp holds 32 / tile_images columns of every image of the tile)."""
-    columns = 32 // tile_images
-    for stride in range(BAND_DOUBLES, BAND_DOUBLES + 32, 2):
-        halves = ([(lane // columns) * stride + lane % columns * FILTER_DIM for lane in range(half, half + 16)] for half in (0, 16))
-        if all(len({offset % 16 for offset in offsets}) == 16 for offsets in halves):
-            return stride
-    return BAND_DOUBLES  # no such stride: two-way conflicts
-
-
-def fused_tiled_sizes(
-    tile_images: int = FT_TILE_IMAGES, stages: int = FT_STAGES, exact_conv: bool = True, conv_only: bool = False
-) -> dict[str, int]:
-    return {
-        "FT_TILE_IMAGES": tile_images,
-        "FT_STAGES": stages,
-        "FT_IMAGE_STRIDE": conflict_free_stride(tile_images),
-        "FT_EXACT_CONV": int(exact_conv),
-        "FT_CONV_ONLY": int(conv_only),
-    }
 
 
 def fused_tiled_shared_bytes(sizes: Mapping[str, int]) -> int:
@@ -68,26 +55,6 @@ def fused_tiled_shared_bytes(sizes: Mapping[str, int]) -> int:
     fused = not sizes["FT_CONV_ONLY"]
     stage = sizes["FT_TILE_IMAGES"] * sizes["FT_IMAGE_STRIDE"] + fused * OUT_LAYER_SIZE * OUT_NEURON_DIM // CONV_OUT_DIM
     return 8 * (sizes["FT_STAGES"] * stage + fused * OUT_LAYER_SIZE * sizes["FT_TILE_IMAGES"] * CONV_OUT_DIM)
-
-
-KERNEL_BUILD = Build("kernel.cu")
-TWO_KERNELS_BUILD = Build(  # rung 12: rung 9's conv alone (conv_tiled) and rung 7's dense kernel in one module
-    "ladder/12_two_kernels.cu", {**fused_tiled_sizes(conv_only=True), "COARSE_IMAGES": COARSE_IMAGES, "COARSE_MAX_THREADS": COARSE_THREADS}
-)
-LAB_BUILD = Build("ladder/01_lab.cu", {"LAB_CONV_BLOCKS": LAB_CONV_BLOCKS, "LAB_THREADS": LAB_THREADS, "LAB_SEGMENTS": LAB_SEGMENTS})
-GLOBAL_BUILD = Build("ladder/02_batched_global.cu")
-CONSTANT_BUILD = Build("ladder/03_constant_filters.cu")
-TREE_BUILD = Build("ladder/04_shared_tiles.cu")
-COARSE_BUILD = Build("ladder/07_coarsened.cu", {"COARSE_IMAGES": COARSE_IMAGES, "COARSE_MAX_THREADS": COARSE_THREADS})
-FUSED_BUILD = Build("ladder/08_fused.cu")
-FUSED_TILED_BUILD = Build("ladder/09_fused_tiled.cu", fused_tiled_sizes())
-MMA_BUILD = Build("ladder/10_im2col_mma.cu", {"MMA_IMAGES": MMA_IMAGES})
-FUSED_TILED_FMA_BUILD = Build("ladder/11_fused_tiled_fma.cu", fused_tiled_sizes(exact_conv=False))
-
-
-def sweep_build(bands: int) -> Build:
-    """Rung 5's source built with `bands` bands per conv2d_relu block."""
-    return Build("ladder/05_block_sweep.cu", {"CONV_BANDS_PER_BLOCK": bands}, f"bands{bands}")
 
 
 class Launcher(Protocol):

@@ -22,9 +22,10 @@ from typing import Any
 import numpy as np
 
 from cnnlab.backend import Backend, Batch, DeviceBatch, TextBatching
+from cnnlab.constants import IMAGE_BYTES
 from cnnlab.files.csv_batch import CsvBatch
 from cnnlab.interrupts import held
-from cnnlab.network import IMAGE_BYTES, ImageBatch, ImageBuffer, OutputBatch
+from cnnlab.network import ImageBatch, ImageBuffer, OutputBatch
 from cnnlab.owner import BackendOwner
 
 

@@ -8,8 +8,8 @@ compiled from the source for each (so each keeps its own __CUDA_ARCH__ paths: cp
 that the driver loads it at once instead of compiling PTX at every start (a JIT that cost a large part
 of cuda mode's start-up).
 
-The optimization ladder's kernels (kernel/ladder/, ladder.py and launchers.py) are built the same way, one
-fatbin per `Build`: a source and the -D sizes of its own, added to the network's.
+The optimization ladder's kernels (kernel/ladder/, ladder.py and builds.py) are built the same way, one
+fatbin per `Build`: a source and the -D sizes of its own, added to kernel.cu's (cnnlab/constants.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cnnlab.cuda.kernels import nvcc_defines
+from cnnlab.constants import kernel_sizes
 from cnnlab.errors import DeviceError
 from cnnlab.resources import is_checkout, resource_dir
 
@@ -34,10 +34,10 @@ BUILD_HINT = "run `python build.py` in a checkout (needs nvcc, the CUDA toolkit'
 PACKAGE_BUILD_HINT = (
     "this package was built where nvcc was not: put nvcc (the CUDA toolkit's compiler) on the PATH, or install a wheel built where it is"
 )
-# The Python files and headers that define what the kernels are built with: a change there is a change of the kernels.
-INPUTS = (Path(__file__).parents[1] / "network.py", Path(__file__).with_name("kernels.py"))
-# A ladder kernel also takes sizes from launchers.py, and may include any source of kernel/ or kernel/ladder/.
-LADDER_INPUTS = (Path(__file__).with_name("launchers.py"),)
+# The Python files that define what the kernels are built with: a change there is a change of the kernels.
+INPUTS = (Path(__file__).parents[1] / "constants.py",)
+# A ladder kernel also takes sizes from builds.py, and may include any source of kernel/ or kernel/ladder/.
+LADDER_INPUTS = (Path(__file__).with_name("builds.py"),)
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,11 @@ class Modules:
     csv: Path
 
 
+def nvcc_defines(sizes: Mapping[str, int] | None = None) -> list[str]:
+    """kernel_sizes() as nvcc -D flags, with `sizes` added or put in their place (the ladder's builds)."""
+    return [f"-D{name}={value}" for name, value in {**kernel_sizes(), **(sizes or {})}.items()]
+
+
 def kernel_source(name: str = "kernel.cu") -> Path:
     return resource_dir("kernel") / name
 
@@ -74,7 +79,7 @@ def _nvcc(source: Path, target: Path, flags: list[str], sizes: Mapping[str, int]
     if nvcc is None:
         raise DeviceError(f"nvcc not found on PATH: cannot build {target} from {source}; install the CUDA toolkit")
     partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    command = [nvcc, *flags, "-O3", "-std=c++17", f"-I{source.parent}", *nvcc_defines(dict(sizes or {})), "-o", str(partial), str(source)]
+    command = [nvcc, *flags, "-O3", "-std=c++17", f"-I{source.parent}", *nvcc_defines(sizes), "-o", str(partial), str(source)]
     try:
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:

@@ -12,12 +12,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cnnlab.constants import CONV_LAYER_SIZE, FILTER_DIM, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM
 from cnnlab.errors import InputFileError
 from cnnlab.files.formats import ImageReader, holds_images, is_npy, open_images, read_outputs
 from cnnlab.files.labcsv import format_rows, write_input_file
 from cnnlab.files.npy import NpyWriter
 from cnnlab.files.safety import AtomicOutput
-from cnnlab.network import CONV_LAYER_SIZE, FILTER_DIM, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM, first_nonfinite
+from cnnlab.network import first_nonfinite
 from cnnlab.progress import Progress
 
 # A CNN file's values per line: the filters', then the output weights'.

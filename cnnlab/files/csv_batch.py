@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cnnlab.constants import INPUT_DIM
 from cnnlab.errors import InputFileError
 from cnnlab.files.lines import Span
 from cnnlab.files.rows import Layout, RowPlace, parse_rows
-from cnnlab.network import INPUT_DIM
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cnnlab.constants import INPUT_DIM
 from cnnlab.errors import InputFileError
 from cnnlab.files.csv_reader import CsvImageReader, blank_before_row, first_error
 from cnnlab.files.lines import LineTooLong, scan_rows
-from cnnlab.network import INPUT_DIM, CsvDoubleBuffer, ImageBuffer
+from cnnlab.network import CsvDoubleBuffer, ImageBuffer
 from cnnlab.tracing import NO_TRACE, Tracer
 
 BLANK = b" \t\r\v\f"  # what a blank line holds besides its '\n' (Python's bytes.strip() and csv.cu agree)

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from cnnlab.constants import INPUT_DIM
 from cnnlab.errors import InputFileError
 from cnnlab.extensions import note_missing
 from cnnlab.files.csv_batch import CsvBatch, announced, file_ends
@@ -22,7 +23,7 @@ from cnnlab.files.lines import MAX_LINE_BYTES, Span, SpanAhead, native, scan_row
 from cnnlab.files.mapped_text import MappedTextSource, text_source
 from cnnlab.files.rows import Layout, RowPlace, check_text, cut_row, parse_rows, shorten
 from cnnlab.files.text import READ_BYTES, TextMemory, TextSource
-from cnnlab.network import INPUT_DIM, default_threads, unsized_capacity
+from cnnlab.network import default_threads, unsized_capacity
 from cnnlab.tracing import NO_TRACE, Tracer
 
 # Images per parse task in Python (no native parser): a block of ~3 MB of text, large enough to amortise a task.

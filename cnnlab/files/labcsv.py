@@ -11,20 +11,14 @@ from typing import Any
 
 import numpy as np
 
+from cnnlab.constants import CONV_LAYER_SIZE, FILTER_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM
 from cnnlab.errors import InputFileError
 from cnnlab.files.inputs import open_for_reading
 from cnnlab.files.lines import native
 from cnnlab.files.rows import Layout, RowPlace, check_lines, parse_rows
 from cnnlab.files.safety import AtomicOutput, OutputSet
 from cnnlab.files.text import TextSource
-from cnnlab.network import (
-    CONV_LAYER_SIZE,
-    FILTER_DIM,
-    OUT_LAYER_SIZE,
-    OUT_NEURON_DIM,
-    Cnn,
-    OutputBatch,
-)
+from cnnlab.network import Cnn, OutputBatch
 
 
 def read_cnn(path: str | os.PathLike) -> Cnn:

@@ -24,11 +24,12 @@ from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
+from cnnlab.constants import IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE
 from cnnlab.errors import InputFileError
 from cnnlab.files.inputs import open_for_reading, reading
 from cnnlab.files.safety import AtomicOutput, OutputSet
 from cnnlab.files.text import READ_BYTES, read_at, wait_readable
-from cnnlab.network import IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, ImageBuffer, OutputBatch, default_threads, unsized_capacity
+from cnnlab.network import ImageBuffer, OutputBatch, default_threads, unsized_capacity
 
 if TYPE_CHECKING:
     from cnnlab.files import _mapped_guard
