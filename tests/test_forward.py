@@ -91,7 +91,7 @@ def test_native_forward_names_the_first_image_that_is_not_finite(rng: np.random.
     """The first image holding a NaN or an infinity, wherever it sits in its image and its group; an image whose sums
     overflow holds neither, and a -inf that ReLU turns to 0 is still found."""
     cnn = random_cnn(rng)
-    images = random_values(rng, 21, 100, 100)  # 21: a last group of 1 (2 or 4 lanes) or 5 (8 lanes)
+    images = random_values(rng, 21, 100, 100)  # 21: a last group of 1 (2 or 4 elements a vector) or 5 (8 elements)
     images[6, 50:55, 50:55] = 1.7e308  # finite, but its sums overflow to infinities
     assert native_and_numpy(cnn, images, 2, isa, check=True)[2:] == (-1, -1)
     images[20, 99, 99] = np.nan  # the last image, alone in its group

@@ -275,7 +275,7 @@ def test_halfway_points_in_repr_shape_are_exact(rng: np.random.Generator) -> Non
 @pytest.mark.parametrize("width", [*range(1, 18), 100])
 def test_repr_rows_of_every_width_are_exact(rng: np.random.Generator, width: int) -> None:
     """Rows of repr-shaped fields of every width to 17 (the AVX-512 parser converts eight fields a step, the rest in a
-    group of fewer lanes): values just below and above powers of two (where rounding carries into the exponent), zeros of
+    group of fewer elements): values just below and above powers of two (where rounding carries into the exponent), zeros of
     both signs, the smallest values the shape writes, and 1 to 20 digits after the point (past 17: the scalar path's)."""
     values: list[float] = []
     for power in range(-4, 4):
