@@ -8,8 +8,8 @@ BIN := $(VENV)/bin
 INSTALL_LOG := $(VENV)/install.log
 # pyproject.toml's build requirements, installed into the venv once so that the build runs there (--no-build-isolation)
 # rather than in a build env of its own, made anew at every install. pip 21.3 is the first to install a pyproject
-# project editable; setuptools 70.1 the first to build a wheel without the wheel package.
-BUILD_REQUIRES := 'setuptools>=70.1' 'pip>=21.3'
+# project editable; setuptools 77.0.3 writes setup.cfg's license_expression into the metadata (76 leaves it out).
+BUILD_REQUIRES := 'setuptools>=77.0.3' 'pip>=21.3'
 TEST_EXTRAS := test,lint
 # pip compiles the bytecode of every file it installs, one at a time; instead, without the tests' files, on every core.
 PIP_INSTALL := $(BIN)/python -m pip install --disable-pip-version-check --no-compile
@@ -18,7 +18,12 @@ SITE_PACKAGES := $(VENV)/lib/python3*/site-packages
 # What the install compiles: a change to any of it builds the native extensions again.
 NATIVE_SOURCES := setup.py cnnlab/constants.py $(wildcard native/*) $(wildcard kernel/*.h)
 
-.PHONY: setup run test lint typecheck clean
+# Every Python setup.cfg admits (its classifiers name each): make test-pythons tests the sdist on each of them but
+# $(PYTHON)'s, which make test tests; those left out of PYTHONS_ARGS' pytest run are the slow tests (seconds each).
+PYTHONS := 3.10 3.11 3.12 3.13
+PYTHONS_ARGS ?= -m 'not slow'
+
+.PHONY: setup run test test-pythons lint typecheck clean
 
 # $(call logged,COMMAND): COMMAND run with its output added to the install log; where it fails, the log's tail and
 # where the whole log is.
@@ -63,5 +68,15 @@ typecheck: $(VENV)/installed-test
 test: lint typecheck
 	$(BIN)/python -m pytest -q -rs -n auto $(PYTEST_ARGS)  # -rs: the reason for every skip
 
+# The sdist, as `python -m build` in the root makes it (build.py hands over to pypa's build), installed with the test
+# extra into a fresh venv on each other Python, run in cpu mode and tested there (tools/test-sdist.sh).
+test-pythons: $(VENV)/installed-test
+	@rm -rf dist
+	@$(call logged,$(BIN)/python -m build --sdist --no-isolation --outdir dist)
+	@own=$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
+	for version in $(PYTHONS); do \
+		[ "$$version" = "$$own" ] || tools/test-sdist.sh "$$version" dist/cnnlab-*.tar.gz $(PYTHONS_ARGS) || exit 1; \
+	done
+
 clean:
-	rm -rf $(VENV) out build *.egg-info
+	rm -rf $(VENV) out build dist *.egg-info

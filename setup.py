@@ -12,14 +12,21 @@ Python and numpy twin instead (for the guard: the file is read, not mapped).
 The fatbins are built with nvcc, where it is on the PATH, before a wheel or an sdist is made, so
 that the package carries them (setup.cfg's package data) and `cnnlab cuda` runs where only the
 driver is. Where nvcc is not, or fails, one line says so and the package carries the sources alone.
+They are written where a checkout's `cnnlab cuda` and `python build.py` look for them, beside each
+kernel/*.cu with its PTX (docs/packaging.md).
+
+The long description is README.md without its links into the repository, which lead nowhere where an
+index shows it.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 from glob import glob
+from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -72,6 +79,13 @@ def build_kernels() -> None:
         print("cnnlab: building the kernels' fatbins failed (see above): the package carries only up-to-date ones", file=sys.stderr)
 
 
+def long_description() -> str:
+    """README.md with each relative link as its text alone: the files they name (docs/, BENCHMARKS.md) are in the
+    repository and the sdist, not beside an index's page."""
+    readme = Path(__file__).with_name("README.md").read_text(encoding="utf-8")
+    return re.sub(r"\[([^\]]+)\]\((?![a-z]+://)[^)]*\)", r"\1", readme)
+
+
 class BuildPyWithKernels(build_py):
     """build_py, with the fatbins built first (not for an editable install: a checkout builds them when stale)."""
 
@@ -90,6 +104,7 @@ class SdistWithKernels(sdist):
 
 
 setup(
+    long_description=long_description(),
     ext_modules=[
         Extension(
             "cnnlab.files._lab_csv",

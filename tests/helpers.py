@@ -19,12 +19,14 @@ from typing import Any
 
 import numpy as np
 
+import cnnlab
 from cnnlab.compare import lab_close
 from cnnlab.cpu.backend import CpuBackend
 from cnnlab.files.csv_reader import CsvImageReader
 from cnnlab.files.labcsv import write_input_file
 from cnnlab.generate import random_values, write_cnn_file
 from cnnlab.network import Cnn, ImageBatch
+from cnnlab.resources import is_checkout
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMING_LINE = re.compile(r"^\d+ microseconds of actual work done\n$")
@@ -40,8 +42,18 @@ def gpu_lock(tmp_path_factory: Any) -> Iterator[None]:
         yield
 
 
-# The environment of every cnnlab subprocess: this checkout first on the import path.
-SUBPROCESS_ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+# The environment of every cnnlab subprocess: the cnnlab these tests import first on the import path (this checkout's; in
+# an unpacked sdist, the one installed from it: conftest.py).
+IMPORTED_FROM = Path(cnnlab.__file__).resolve().parent.parent
+SUBPROCESS_ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(IMPORTED_FROM), os.environ.get("PYTHONPATH")])))
+
+
+def install_hint(extra: str) -> str:
+    """The command a message gives for the optional dependencies `extra`: into this checkout's environment, editable, or
+    (an unpacked sdist's tests) into the environment cnnlab was installed in."""
+    if is_checkout():
+        return f"{sys.executable} -m pip install -e '{ROOT}[{extra}]'"
+    return f"{sys.executable} -m pip install 'cnnlab[{extra}]'"
 
 
 def why_no_gpu(builds_kernels: bool = False) -> str | None:

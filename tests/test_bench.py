@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import ROOT, SUBPROCESS_ENV, assert_one_line_error, cnnlab, random_cnn
+from helpers import SUBPROCESS_ENV, assert_one_line_error, cnnlab, install_hint, random_cnn
 
 from cnnlab.bench import startup
 from cnnlab.bench.gpu import npy_file_rate, npy_in_page_cache
@@ -253,7 +253,7 @@ def test_bench_plot_without_matplotlib_is_one_line_saying_how_to_install_it(tmp_
     command = [sys.executable, "-c", script, "bench", "--rows", "cpu", "--plot", str(tmp_path / "bench.png")]
     result = subprocess.run(command, env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=300)
     message = assert_one_line_error(result)
-    assert f"--plot needs matplotlib: {sys.executable} -m pip install -e '{ROOT}[plot]'" in message
+    assert f"--plot needs matplotlib: {install_hint('plot')}" in message
     assert result.stdout == "" and not (tmp_path / "bench.png").exists()
 
 

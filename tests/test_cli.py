@@ -19,6 +19,7 @@ from helpers import (
     assert_one_line_error,
     cnnlab,
     cpu_outputs,
+    install_hint,
     random_cnn,
     read_all_images,
     write_files,
@@ -210,8 +211,8 @@ def test_cuda_without_pycuda_is_a_one_line_error(tmp_path: Path) -> None:
     else:
         pytest.skip("pycuda is installed here: tests/test_cuda.py covers the cuda mode")
     result = cnnlab("cuda", cwd=tmp_path)
-    # In a checkout, the command that installs the extra into this checkout's environment.
-    hint = f"{sys.executable} -m pip install -e '{ROOT}[cuda]'"
+    # In a checkout, the command that installs the extra into this checkout's environment (helpers.install_hint).
+    hint = install_hint("cuda")
     assert f"the GPU path needs pycuda: {hint} (builds PyCUDA from source" in assert_one_line_error(result)
     assert not (tmp_path / "out").exists()
 

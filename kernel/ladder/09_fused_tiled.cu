@@ -94,7 +94,6 @@ fused_tiled(const double *__restrict__ images, const double *__restrict__ weight
 {
 #endif
     extern __shared__ __align__(16) double shared[];
-    double *column_sums = shared + FT_STAGES * STAGE_DOUBLES;  // [neuron][image of tile][column]
     const int lane = threadIdx.x % WARP;
     const int i = lane / FT_COLUMNS_PER_WARP;
     const int c = threadIdx.x / WARP * FT_COLUMNS_PER_WARP + lane % FT_COLUMNS_PER_WARP;
@@ -108,10 +107,13 @@ fused_tiled(const double *__restrict__ images, const double *__restrict__ weight
             load_step(shared + step * STAGE_DOUBLES, images, weights, tile_of(step), step % CONV_OUT_DIM, batch);
         commit_copies();  // one group per step, empty or not, so that wait_copies counts steps
     }
+#if !FT_CONV_ONLY  // the dense layer's: a thread's partial sums, then the tile's column sums
+    double *column_sums = shared + FT_STAGES * STAGE_DOUBLES;  // [neuron][image of tile][column]
     double sums[OUT_LAYER_SIZE];
 #pragma unroll
     for (int n = 0; n < OUT_LAYER_SIZE; ++n)
         sums[n] = 0.0;
+#endif
 
     for (int step = 0; step < steps; ++step) {
         const int ahead = step + FT_STAGES - 1;  // into the buffer freed at the end of the last step
