@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from cnnlab.files.csv_batch import CsvBatch
-from cnnlab.network import CsvDoubleBuffer, ImageBatch, ImageBuffer, OutputBatch
+from cnnlab.network import Cnn, CsvDoubleBuffer, ImageBatch, ImageBuffer, OutputBatch
 
 if TYPE_CHECKING:
     from typing import Self
@@ -89,6 +89,10 @@ class Backend(Protocol):
 
     def free_text(self, buffer: np.ndarray) -> None:
         """Give back a buffer allocate_text() made."""
+        ...
+
+    def load_cnn(self, cnn: Cnn) -> None:
+        """Compute with `cnn` from now on (a GPU's weights copied to its device)."""
         ...
 
     def compute(self, batch: Batch, check_finite: bool = False) -> OutputBatch:

@@ -187,6 +187,11 @@ class CudaContext:
         None where the host parses CSV."""
         return self._file_buffers.csv_double_buffer(image_bytes, self._csv_module) if self._parse_csv else None
 
+    def load_cnn(self, cnn: Cnn) -> None:
+        """Compute with `cnn` from now on: its filters and weights copied to the device (320 KB)."""
+        with device_errors("cannot copy the CNN to the device"):
+            self.setup.load_cnn(cnn)
+
     def upload(self, batch: ImageBatch) -> DeviceImages:
         """Copy a batch to device memory once, for compute_resident(); free() gives the memory back."""
         with device_errors("cannot copy images to the device"):

@@ -24,7 +24,7 @@ import numpy as np
 from cnnlab.backend import Backend, Batch, DeviceBatch, TextBatching
 from cnnlab.files.csv_batch import CsvBatch
 from cnnlab.interrupts import held
-from cnnlab.network import IMAGE_BYTES, ImageBatch, ImageBuffer, OutputBatch
+from cnnlab.network import IMAGE_BYTES, Cnn, ImageBatch, ImageBuffer, OutputBatch
 from cnnlab.owner import BackendOwner
 
 
@@ -97,6 +97,11 @@ class MultiGpuBackend:
 
     def free_text(self, buffer: np.ndarray) -> None:
         self._backends[0].free_text(buffer)
+
+    def load_cnn(self, cnn: Cnn) -> None:
+        """Each GPU's backend loads `cnn`, on its own thread."""
+        for owner in self._owners:
+            owner.call(methodcaller("load_cnn", cnn))
 
     def compute(self, batch: Batch, check_finite: bool = False) -> OutputBatch:
         """The outputs of every image of the batch, in order, its shards computed on the GPUs at once."""
