@@ -186,7 +186,7 @@ class CountingBackend(cnnlab_cpu.CpuBackend):
         self.loads += 1
 
 
-def test_the_process_keeps_one_backend_a_device_and_loads_each_call_s_cnn(monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator) -> None:
+def test_the_process_keeps_a_backend_a_device_and_loads_each_call_s_cnn(monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator) -> None:
     """on_device (forward(device="cuda")'s and Dask's): one backend a device, made at the first job and kept; each job
     computes with its own CNN (never a stale one), from any thread, one job at a time; release_backends() closes it and
     the next job makes another."""
