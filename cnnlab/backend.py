@@ -77,8 +77,8 @@ class Backend(Protocol):
         the run is over; None where there is no such way (the CPU)."""
         ...
 
-    def csv_double_buffer(self, image_bytes: float) -> CsvDoubleBuffer | None:
-        """A double buffer in the backend's device memory that a regular CSV file's text (`image_bytes` an image) is
+    def csv_double_buffer(self, file_bytes: int, images: int) -> CsvDoubleBuffer | None:
+        """A double buffer in the backend's device memory that a regular CSV file's text (`file_bytes` of `images`) is
         copied straight into and parsed in (DeviceBatches of its images for compute()), to be freed when the run is
         over; None where there is no such way (the CPU, or where the host parses CSV)."""
         ...

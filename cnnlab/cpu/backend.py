@@ -101,7 +101,7 @@ class CpuBackend(HostMemory):
         """None: the CPU has no device memory; a file's images are mapped (reads_in_place) or read into host buffers."""
         return None
 
-    def csv_double_buffer(self, image_bytes: float) -> None:
+    def csv_double_buffer(self, file_bytes: int, images: int) -> None:
         """None: the CPU parses CSV itself, from a mapping of the file."""
         return None
 

@@ -55,7 +55,7 @@ class MultiGpuBackend:
     def free_images(self, buffer: np.ndarray) -> None:
         self._owners[0].call(lambda backend: backend.free_images(buffer))
 
-    def csv_double_buffer(self, image_bytes: float) -> None:
+    def csv_double_buffer(self, file_bytes: int, images: int) -> None:
         """None: a CSV file's text comes to several GPUs through the host's windows, a batch's pieces dealt out."""
         return None
 
