@@ -34,7 +34,8 @@ import numpy as np
 from cnnlab.arrays import check_device_images, check_device_outputs, device_array, host_images
 from cnnlab.backend import DeviceBatch, TextBatching
 from cnnlab.cuda import gpus
-from cnnlab.cuda.chunk_streams import ChunkSource, ChunkStreams, CsvTextChunks, DeviceOutputs, HostImages, ResidentImages
+from cnnlab.cuda.chunk_sources import CsvTextChunks, HostImages, ResidentImages
+from cnnlab.cuda.chunk_streams import ChunkSource, ChunkStreams, DeviceOutputs
 from cnnlab.cuda.csv_double_buffer import DeviceCsvDoubleBuffer
 from cnnlab.cuda.device_setup import DeviceSetup
 from cnnlab.cuda.driver import (
@@ -144,7 +145,7 @@ class CudaContext:
             chunk = self.config.chunk_images or math.ceil(self.batch_size / self.config.streams)
             self._streams = ChunkStreams(
                 driver, self.memory, self._launcher, self.config.streams, chunk, self.config.stream_bytes_cap, self.setup.nonfinite,
-                find_nonfinite, trace,
+                find_nonfinite, trace, images=copier_ahead is None,  # a file's images are read where they lie on the device
             )
             self._on_close(self._free_streams)
         except BaseException:
