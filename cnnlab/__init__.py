@@ -26,6 +26,7 @@ _HOMES = {
     "load_images": "cnnlab.api",
     "load_image_batches": "cnnlab.api",
     "forward": "cnnlab.api",
+    "release_backends": "cnnlab.owner",
     "Cnn": "cnnlab.network",
     "CudaContext": "cnnlab.cuda.context",
     "CnnlabError": "cnnlab.errors",
@@ -48,6 +49,7 @@ if TYPE_CHECKING:  # what type checkers and editors read: the same names, as exp
     from cnnlab.errors import InputFileError as InputFileError
     from cnnlab.errors import UsageError as UsageError
     from cnnlab.network import Cnn as Cnn
+    from cnnlab.owner import release_backends as release_backends
 
 
 def __getattr__(name: str) -> Any:

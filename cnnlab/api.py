@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterator
+from functools import partial
+from operator import methodcaller
 from typing import Any
 
 import numpy as np
@@ -22,6 +24,7 @@ from cnnlab.errors import ArrayError, UsageError
 from cnnlab.files.formats import open_images
 from cnnlab.files.labcsv import read_cnn
 from cnnlab.network import Cnn, ImageBatch, require_finite
+from cnnlab.owner import on_device
 from cnnlab.run_inputs import fill_images
 
 
@@ -81,8 +84,10 @@ def forward(images: Any, cnn: Cnn, device: Any = "cpu", out: Any = None) -> Any:
     A Dask array of images gives a Dask array of outputs, each block through the network on its worker
     (cnnlab.dask_forward; docs/dask.md).
 
-    Each call with device="cuda" starts the GPU's context, loads the kernels and allocates buffers;
-    for repeated calls, make them once: `with cnnlab.CudaContext(cnn) as gpu: gpu.forward(images)`.
+    The GPU's context, kernels and buffers are made at the first call with device="cuda" and kept for the process,
+    one context a GPU, as PyTorch and CuPy keep theirs (the CNN is copied to the device at each call, so it is never
+    stale); release_backends() frees them, as the process's end does. Calls from several threads are served one at a
+    time, in order, on the context's own thread.
 
     >>> import numpy as np
     >>> rng = np.random.default_rng(459)
@@ -105,8 +110,8 @@ def forward(images: Any, cnn: Cnn, device: Any = "cpu", out: Any = None) -> Any:
     if gpu is not None:
         from cnnlab.cuda.context import CudaContext
 
-        with CudaContext(cnn, device=gpu) as context:
-            return context.forward(images, out)
+        job = methodcaller("forward", images, out)
+        return on_device(gpu, partial(CudaContext, cnn, device=gpu), cnn, None, job).result()
     if out is not None:
         raise ArrayError("out takes a device array, with device='cuda'; on the CPU, forward returns a new numpy array")
     if device_array(images) is not None:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from cnnlab.files.csv_batch import CsvBatch
-from cnnlab.network import CsvDoubleBuffer, ImageBatch, ImageBuffer, OutputBatch
+from cnnlab.network import Cnn, CsvDoubleBuffer, ImageBatch, ImageBuffer, OutputBatch
 
 if TYPE_CHECKING:
     from typing import Self
@@ -77,8 +77,8 @@ class Backend(Protocol):
         the run is over; None where there is no such way (the CPU)."""
         ...
 
-    def csv_double_buffer(self, image_bytes: float) -> CsvDoubleBuffer | None:
-        """A double buffer in the backend's device memory that a regular CSV file's text (`image_bytes` an image) is
+    def csv_double_buffer(self, file_bytes: int, images: int) -> CsvDoubleBuffer | None:
+        """A double buffer in the backend's device memory that a regular CSV file's text (`file_bytes` of `images`) is
         copied straight into and parsed in (DeviceBatches of its images for compute()), to be freed when the run is
         over; None where there is no such way (the CPU, or where the host parses CSV)."""
         ...
@@ -89,6 +89,10 @@ class Backend(Protocol):
 
     def free_text(self, buffer: np.ndarray) -> None:
         """Give back a buffer allocate_text() made."""
+        ...
+
+    def load_cnn(self, cnn: Cnn) -> None:
+        """Compute with `cnn` from now on (a GPU's weights copied to its device)."""
         ...
 
     def compute(self, batch: Batch, check_finite: bool = False) -> OutputBatch:

@@ -3,10 +3,8 @@ folder of lab input files through a cluster, one task a file (Dask is imported o
 
 from __future__ import annotations
 
-import atexit
 import math
 import os
-import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from functools import partial
@@ -22,7 +20,7 @@ from cnnlab.errors import ArrayError, UsageError
 from cnnlab.files.labcsv import read_cnn
 from cnnlab.files.safety import refuse_same_files
 from cnnlab.network import Cnn, ImageBatch, first_nonfinite, nonfinite_error
-from cnnlab.owner import BackendOwner
+from cnnlab.owner import on_device
 from cnnlab.run import make_backend, run_network
 
 if TYPE_CHECKING:
@@ -108,32 +106,10 @@ def _worker_backend(cnn: Cnn, gpu: int | None) -> Backend:
     return make_backend("cuda", cnn, None, threads=len(os.sched_getaffinity(0)), gpus=[gpu])
 
 
-# This process's backends: for each device (a GPU's index, None for the CPU), the token of the CNN it holds and its
-# owner. A new CNN for a device replaces the old one's backend, so that a long-lived worker holds one backend (a GPU's
-# buffers) a device, not one a CNN.
-_BACKENDS: dict[int | None, tuple[str, BackendOwner]] = {}
-_BACKENDS_LOCK = threading.Lock()
-
-
 def _on_backend(cnn: Cnn, token: str, gpu: int | None, job: Callable[[Backend], Any]) -> Future:
-    """Run `job` on this process's backend for the CNN (whose Dask token is `token`) on GPU `gpu` (None: the CPU), made
-    at the first job; a backend that failed to be made fails the jobs queued for it, and the next job makes another."""
-    with _BACKENDS_LOCK:  # submitted under the lock: a job is never queued behind a replaced backend's close
-        held = _BACKENDS.get(gpu)
-        if held is None or held[0] != token or held[1].failed:
-            if held is not None:
-                held[1].close()
-            held = _BACKENDS[gpu] = (token, BackendOwner(partial(_worker_backend, cnn, gpu), "cnnlab-backend"))
-        return held[1].submit(job)
-
-
-@atexit.register
-def _close_backends() -> None:
-    """Close every backend as the process ends (a Dask worker's too): a GPU's context and buffers are freed in order."""
-    with _BACKENDS_LOCK:
-        for _, owner in _BACKENDS.values():
-            owner.close()
-        _BACKENDS.clear()
+    """Run `job` on this process's backend for GPU `gpu` (None: the CPU), the one the Python API's forward() uses too
+    (owner.on_device), with the CNN whose Dask token is `token` loaded where it holds another."""
+    return on_device(gpu, partial(_worker_backend, cnn, gpu), cnn, token, job)
 
 
 def run_files(

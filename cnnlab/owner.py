@@ -1,5 +1,6 @@
 """BackendOwner: a backend made, used and closed on a thread of its own, for the GPUs of a MultiGpuBackend
-(cuda/multi_gpu.py) and the backends of Dask's workers (dask_forward.py).
+(cuda/multi_gpu.py); and the process's backends, one a device, each with its owner (`on_device`), which the Python API's
+forward() and Dask's workers share, as PyTorch and CuPy keep one context a GPU for the process.
 
 Not in run.py, beside the Prefetcher, the run's other thread: run.py imports cuda/multi_gpu.py (for --devices), and
 multi_gpu.py importing run.py back would close a circle. It imports only what a backend is (backend.py).
@@ -7,6 +8,7 @@ multi_gpu.py importing run.py back would close a circle. It imports only what a 
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 from collections.abc import Callable
@@ -17,6 +19,8 @@ from cnnlab.interrupts import join_through_signals
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
+
+    from cnnlab.network import Cnn
 
 
 class BackendOwner:
@@ -77,3 +81,48 @@ class BackendOwner:
         second signal: the backend (a GPU's context) is always closed."""
         self._calls.put(None)
         join_through_signals(self._thread)
+
+
+class _Kept:
+    """A backend the process keeps for a device, and the token of the CNN it holds (None: none known)."""
+
+    def __init__(self, owner: BackendOwner) -> None:
+        self.owner = owner
+        self.token: object = None
+
+    def run(self, cnn: Cnn, token: object, job: Callable[[Backend], Any], backend: Backend) -> Any:
+        """`job(backend)` with `cnn` loaded first, unless the backend already holds the CNN of `token` (None: load it)."""
+        if token is None or token != self.token:
+            self.token = None  # until the load is done: a load that fails leaves no CNN known
+            backend.load_cnn(cnn)
+            self.token = token
+        return job(backend)
+
+
+# This process's backends, one a device (a GPU's index; None: the CPU), each on its own thread.
+_KEPT: dict[int | None, _Kept] = {}
+_KEPT_LOCK = threading.Lock()
+
+
+def on_device(device: int | None, make: Callable[[], Backend], cnn: Cnn, token: object, job: Callable[[Backend], Any]) -> Future[Any]:
+    """`job(backend)` on this process's backend for `device`, made by `make` at the first job (and again after one that
+    could not be made), with `cnn` loaded into it first unless it holds the CNN of `token` already (None: a CNN with no
+    token, loaded every time). Jobs from any thread run on the backend's own thread, one at a time, in the order given.
+    The backend is kept until release_backends() or the process's end."""
+    with _KEPT_LOCK:  # submitted under the lock: a job is never queued behind a released backend's close
+        kept = _KEPT.get(device)
+        if kept is None or kept.owner.failed:
+            if kept is not None:
+                kept.owner.close()
+            kept = _KEPT[device] = _Kept(BackendOwner(make, f"cnnlab-backend-{'cpu' if device is None else device}"))
+        return kept.owner.submit(lambda backend: kept.run(cnn, token, job, backend))
+
+
+@atexit.register
+def release_backends() -> None:
+    """Close every backend the process keeps (a GPU's context, modules and buffers), once the jobs queued on each are
+    done; the next job makes its device's backend again. Called as the process ends."""
+    with _KEPT_LOCK:
+        for kept in _KEPT.values():
+            kept.owner.close()
+        _KEPT.clear()

@@ -190,12 +190,12 @@ class WriteBehind:
 
 def make_backend(
     mode: str, cnn: Cnn, batch_size: int | None, host_parse: bool = False, kernel: str | None = None, threads: int | None = None,
-    gpus: list[int] | None = None, trace: Tracer = NO_TRACE, copier_ahead: bool = False,
+    gpus: list[int] | None = None, trace: Tracer = NO_TRACE, copier_ahead: int | None = None,
 ) -> Backend:
     """The backend for `mode` on `threads` host threads; the CUDA one, running rung `kernel` of the ladder on the GPUs
     `gpus` (default GPU 0; several: each batch split into a shard a GPU), is imported only when asked for; its streams
-    and kernels tell `trace` their time; `copier_ahead`: the input will be copied straight into device buffers (a
-    regular file), so the file copier that fills them is made while the kernels load."""
+    and kernels tell `trace` their time; `copier_ahead`: the bytes of the regular file the input will copy straight into
+    device buffers, so the file copier that fills them is made, sized to it, while the kernels load."""
     if mode == "cpu":
         from cnnlab.cpu.backend import CpuBackend
 

@@ -162,7 +162,7 @@ def _csv_ranges(backend: Backend, reader: CsvImageReader, trace: Tracer) -> CsvR
     if (start := text_start(reader)) is None:
         return None
     try:
-        buffers = backend.csv_double_buffer(reader.size / reader.count)
+        buffers = backend.csv_double_buffer(reader.size, reader.count)
     except DeviceError:  # no space on the device for it: the text goes through the host's windows
         return None
     return None if buffers is None else CsvRangeReader(reader, buffers, *start, trace)

@@ -33,12 +33,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def one_gpu_user_at_a_time(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Tests marked gpu or gpu_if_present hold the GPU lock (helpers.gpu_lock) while they run."""
+    """Tests marked gpu or gpu_if_present hold the GPU lock (helpers.gpu_lock) while they run, and give back the backends
+    the process keeps as they end."""
     if request.node.get_closest_marker("gpu") is None and request.node.get_closest_marker("gpu_if_present") is None:
         yield
         return
     with gpu_lock(tmp_path_factory):
-        yield
+        try:
+            yield
+        finally:  # a context the process keeps (forward(device="cuda")) goes with the lock: the next test has the GPU
+            from cnnlab.owner import release_backends
+
+            release_backends()
 
 
 @pytest.fixture

@@ -4,6 +4,9 @@ the files it loads, the errors it raises; and the README's example."""
 from __future__ import annotations
 
 import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -12,8 +15,11 @@ from helpers import INPUT_KINDS, ROOT, random_cnn, write_files
 from reference import reference_forward
 
 import cnnlab
+import cnnlab.cpu.backend as cnnlab_cpu
+from cnnlab import owner
 from cnnlab.files.labcsv import read_output_rows
 from cnnlab.generate import random_values
+from cnnlab.network import ImageBatch
 
 
 def reference(images: np.ndarray, cnn: cnnlab.Cnn) -> np.ndarray:
@@ -163,3 +169,48 @@ def test_a_file_error_crosses_a_process_boundary_as_itself(tmp_path: Path) -> No
     again = pickle.loads(pickle.dumps(raised.value))
     assert type(again) is cnnlab.InputFileError
     assert (again.path, again.line, again.message, str(again)) == (str(bad), 2, raised.value.message, str(raised.value))
+
+
+class CountingBackend(cnnlab_cpu.CpuBackend):
+    """The CPU backend, counting the backends made and the CNNs loaded, and the threads its jobs ran on."""
+
+    made: list[CountingBackend] = []
+
+    def __init__(self, cnn: cnnlab.Cnn) -> None:
+        super().__init__(cnn, threads=1)
+        self.loads, self.threads_seen = 0, set()
+        CountingBackend.made.append(self)
+
+    def load_cnn(self, cnn: cnnlab.Cnn) -> None:
+        super().load_cnn(cnn)
+        self.loads += 1
+
+
+def test_the_process_keeps_a_backend_a_device_and_loads_each_call_s_cnn(monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator) -> None:
+    """on_device (forward(device="cuda")'s and Dask's): one backend a device, made at the first job and kept; each job
+    computes with its own CNN (never a stale one), from any thread, one job at a time; release_backends() closes it and
+    the next job makes another."""
+    monkeypatch.setattr(owner, "_KEPT", {})
+    monkeypatch.setattr(CountingBackend, "made", [])
+    images = random_values(rng, 5, 100, 100)
+    cnns = [random_cnn(rng) for _ in range(3)]
+
+    def job(cnn: cnnlab.Cnn) -> np.ndarray:
+        def compute(backend: CountingBackend) -> np.ndarray:
+            backend.threads_seen.add(threading.get_ident())
+            return backend.compute(ImageBatch(images)).values
+
+        return owner.on_device(7, partial(CountingBackend, cnns[0]), cnn, None, compute).result()
+
+    with ThreadPoolExecutor(4) as callers:
+        got = list(callers.map(job, [cnns[k % 3] for k in range(12)]))
+    for k, values in enumerate(got):
+        assert np.array_equal(values, reference(images, cnns[k % 3]))
+    (backend,) = CountingBackend.made
+    assert backend.loads == 12 and len(backend.threads_seen) == 1  # one thread of its own, whatever thread called
+    token_job = partial(owner.on_device, 7, partial(CountingBackend, cnns[0]), cnns[1], "token-1", lambda backend: backend.loads)
+    assert token_job().result() == 13 and token_job().result() == 13  # a token held already: no load
+    owner.release_backends()
+    assert not owner._KEPT
+    assert np.array_equal(job(cnns[2]), reference(images, cnns[2])) and len(CountingBackend.made) == 2
+    owner.release_backends()

@@ -166,3 +166,23 @@ def test_finite_extremes_are_not_refused(rng: np.random.Generator) -> None:
         got = gpu.forward(images)
     want = cnnlab.forward(images, cnn)
     assert (np.isnan(got) == np.isnan(want)).all() and (np.isinf(got) == np.isinf(want)).all()
+
+
+def test_the_process_keeps_one_context_a_gpu_and_each_call_computes_with_its_own_cnn(rng: np.random.Generator) -> None:
+    """forward(device="cuda") makes GPU 0's context at its first call and keeps it: a later call with another CNN uses the
+    same context and that CNN's weights (never the last call's), within the lab's rule of the CPU's outputs;
+    release_backends() gives the context back."""
+    from cnnlab import owner
+
+    images = random_values(rng, 1500, 100, 100)
+    cnns = [random_cnn(rng) for _ in range(2)]
+    first = cnnlab.forward(images, cnns[0], device="cuda")
+    kept = owner._KEPT[0].owner
+    second = cnnlab.forward(images, cnns[1], device="cuda")
+    assert owner._KEPT[0].owner is kept
+    for cnn, got in zip(cnns, (first, second)):
+        assert_within_rule(got, cnnlab.forward(images, cnn), cnn, images)
+    again = cnnlab.forward(images, cnns[0], device="cuda")
+    assert_within_rule(again, cnnlab.forward(images, cnns[0]), cnns[0], images)
+    cnnlab.release_backends()
+    assert not owner._KEPT

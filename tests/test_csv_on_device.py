@@ -97,7 +97,7 @@ class StandIn(CpuBackend):
         self._text_bytes, self._cut = text_bytes, cut
         self.buffers: list[HostDoubleBuffer] = []
 
-    def csv_double_buffer(self, image_bytes: float) -> HostDoubleBuffer:  # type: ignore[override]
+    def csv_double_buffer(self, file_bytes: int, images: int) -> HostDoubleBuffer:  # type: ignore[override]
         self.buffers.append(HostDoubleBuffer(self._text_bytes, self._cut))
         return self.buffers[-1]
 

@@ -26,7 +26,7 @@ da = pytest.importorskip("dask.array", reason=WHY)
 distributed = pytest.importorskip("distributed", reason=WHY)
 cloudpickle = pytest.importorskip("cloudpickle", reason=WHY)  # a dependency of dask's
 
-from cnnlab import dask_forward  # noqa: E402  (after the skips: it is imported only where Dask is)
+from cnnlab import dask_forward, owner  # noqa: E402  (after the skips: dask_forward is imported only where Dask is)
 
 WHY_NO_GPU = why_no_gpu()
 
@@ -99,9 +99,9 @@ def test_each_worker_makes_its_backend_once(client: Any, rng: np.random.Generato
     images = da.from_array(random_values(rng, 24, 100, 100), chunks=(3, 100, 100))
 
     def backends() -> dict[int | None, int]:
-        from cnnlab.dask_forward import _BACKENDS
+        from cnnlab.owner import _KEPT
 
-        return {device: id(thread) for device, (_, thread) in _BACKENDS.items()}
+        return {device: id(kept.owner) for device, kept in _KEPT.items()}
 
     client.compute(dask_forward.forward_blocks(images, cnn)).result()
     first = client.run(backends)
@@ -295,11 +295,11 @@ def test_a_backend_that_failed_to_be_made_is_made_again_for_the_next_job(monkeyp
         return CpuBackend(cnn)
 
     monkeypatch.setattr(dask_forward, "_worker_backend", flaky)
-    monkeypatch.setattr(dask_forward, "_BACKENDS", {})
+    monkeypatch.setattr(owner, "_KEPT", {})
     cnn = random_cnn(rng)
     with pytest.raises(DeviceError, match="busy"):
         dask_forward._on_backend(cnn, "token", 3, lambda backend: backend.threads).result()
     assert dask_forward._on_backend(cnn, "token", 3, lambda backend: backend.threads).result() >= 1
     assert dask_forward._on_backend(cnn, "token", 3, lambda backend: backend.threads).result() >= 1
     assert attempts == [3, 3]  # made again once, then kept
-    dask_forward._BACKENDS[3][1].close()
+    owner.release_backends()

@@ -1,5 +1,6 @@
-"""The copier that fills the GPU's page-locked staging from a caller's host arrays, a part a thread: the same bits as
-np.copyto for every kind of array the API takes (no GPU needed: it copies between host arrays)."""
+"""The copier that fills the GPU's page-locked staging from a caller's host arrays, a task a thread: the same bits as
+np.copyto for every kind of array the API takes (no GPU needed: it copies between host arrays); and the file copier's
+staging sized to its job."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 import numpy as np
 import pytest
 
+from cnnlab.cuda.file_copier import staging_shape
 from cnnlab.cuda.memory import TASK_BYTES, HostCopier
 from cnnlab.generate import random_values
 
@@ -89,3 +91,18 @@ def test_a_failed_part_raises_once_no_part_still_writes(copier: HostCopier) -> N
     seen = target.copy()
     time.sleep(0.2)  # a part still running would write now, into a buffer its caller reuses
     assert np.array_equal(target, seen)
+
+
+@pytest.mark.parametrize(
+    ("threads", "job_bytes", "shape"),
+    [
+        (16, 760_000, (1, 761_856)),  # the default data's CSV file: one thread, its two staging buffers ~1.5 MB in all
+        (16, 1, (1, 4096)),
+        (16, 5 * TASK_BYTES + 1, (6, TASK_BYTES)),
+        (16, 5_600_000_000, (12, TASK_BYTES)),  # a 30,000-image CSV file: every thread the copier may have
+        (2, 5_600_000_000, (2, TASK_BYTES)),
+    ],
+)
+def test_the_file_copier_s_staging_is_sized_to_the_job(threads: int, job_bytes: int, shape: tuple[int, int]) -> None:
+    """The file copier pins two tasks a thread: a small file's copier pins its own size twice, not 96 MiB."""
+    assert staging_shape(threads, job_bytes) == shape

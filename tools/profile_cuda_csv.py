@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any
 
-from cnnlab.cuda import chunk_streams
+from cnnlab.cuda import chunk_sources, chunk_streams
 from cnnlab.cuda import context as cuda
 from cnnlab.files import labcsv, text
 from cnnlab.files.labcsv import read_cnn
@@ -35,8 +35,8 @@ WRAPPED = [
     (cuda.CudaContext, "allocate_text"),
     (cuda.CudaContext, "free_text"),
     (cuda.CudaContext, "compute"),
-    (chunk_streams.CsvTextChunks, "start"),
-    (chunk_streams.CsvTextChunks, "images"),
+    (chunk_sources.CsvTextChunks, "start"),
+    (chunk_sources.CsvTextChunks, "images"),
     (chunk_streams.ChunkStream, "run"),
     (chunk_streams.HostOutputs, "finish"),
     (labcsv.CsvOutputWriter, "write"),

@@ -76,8 +76,9 @@ def run(args: argparse.Namespace) -> int:
     # anywhere before leaves each path as it was.
     with OutputSet() as together:
         # A regular file's images or text go straight into device buffers (not text the host parses): the file copier
-        # is made ahead.
-        copier_ahead = os.path.isfile(input_path) and (is_npy(input_path) or not args.host_parse)
+        # is made ahead, sized to the file.
+        regular = os.path.isfile(input_path) and (is_npy(input_path) or not args.host_parse)
+        copier_ahead = os.path.getsize(input_path) if regular else None
         backend = make_backend(args.mode, cnn, args.batch, args.host_parse, args.kernel, args.threads, gpus, trace, copier_ahead)
         with closed_on_failure(backend) if args.process_ends else backend:
             interrupts.raise_if_received()  # the backend's modules were imported just now

@@ -64,16 +64,22 @@ class CpuBackend(HostMemory):
     def __init__(self, cnn: Cnn, batch_size: int | None = None, threads: int | None = None) -> None:
         self.batch_size = batch_size
         self.threads = threads or default_threads()
-        isa = kernel_isa()
-        self._forward: _forward.Forward | NumpyForward
-        if Forward is not None:
-            self._forward = Forward(cnn.filters, cnn.weights, self.threads, isa)
-        else:
-            from cnnlab.cpu.numpy_forward import NumpyForward  # the fallback, and its thread pool's import, only here
-
-            note_missing("cnnlab.cpu._forward")
-            self._forward = NumpyForward(cnn.filters, cnn.weights, self.threads)
+        self._forward = self._made_forward(cnn)
         self.device = f"{platform.machine() or 'cpu'}, {self.threads} threads, {self._forward.isa}"
+
+    def _made_forward(self, cnn: Cnn) -> _forward.Forward | NumpyForward:
+        """The native forward for `cnn` (its weights copied in), or the numpy one where no compiler built it."""
+        if Forward is not None:
+            return Forward(cnn.filters, cnn.weights, self.threads, kernel_isa())
+        from cnnlab.cpu.numpy_forward import NumpyForward  # the fallback, and its thread pool's import, only here
+
+        note_missing("cnnlab.cpu._forward")
+        return NumpyForward(cnn.filters, cnn.weights, self.threads)
+
+    def load_cnn(self, cnn: Cnn) -> None:
+        made = self._made_forward(cnn)
+        self._forward.close()
+        self._forward = made
 
     def allocate_images(self, count: int) -> np.ndarray:
         """A buffer on pages of its own, huge where the kernel gives them: the reader fills it with few faults."""
@@ -86,7 +92,7 @@ class CpuBackend(HostMemory):
         """None: the CPU has no device memory; a file's images are mapped (reads_in_place) or read into host buffers."""
         return None
 
-    def csv_double_buffer(self, image_bytes: float) -> None:
+    def csv_double_buffer(self, file_bytes: int, images: int) -> None:
         """None: the CPU parses CSV itself, from a mapping of the file."""
         return None
 

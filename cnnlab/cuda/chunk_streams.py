@@ -4,8 +4,8 @@ A chunk stream is a CUDA stream with the device buffers of one chunk. `ChunkStre
 call's chunks to the streams round-robin, a round of one chunk per stream at a time, so that the copy in
 of one chunk overlaps the kernels of another and the copy out of a third.
 
-Where a chunk's images come from is its source: a host batch, images already on the device, or CSV
-text parsed on the device. A source is asked twice per chunk: `start(stream, index)` queues whatever
+Where a chunk's images come from is its source (chunk_sources.py): a host batch, images already on the
+device, or CSV text parsed on the device. A source is asked twice per chunk: `start(stream, index)` queues whatever
 brings the chunk's images to the stream's buffers (copies, the parse), for every stream of a round
 before the first kernel is launched; `images(stream, index)` then returns their device address, once
 they are known to be right. Where a chunk's outputs go is its sink (added up on the host, or on the
@@ -22,35 +22,47 @@ from typing import Any, Protocol
 import numpy as np
 
 from cnnlab.constants import IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM
-from cnnlab.cuda.csv_parser import CsvParse, host_values
-from cnnlab.cuda.driver import Driver, device_errors
+from cnnlab.cuda.csv_parser import CsvParse
+from cnnlab.cuda.driver import DeviceAllocation, Driver, device_errors
 from cnnlab.cuda.kernels import FindNonFinite, SumSegments
 from cnnlab.cuda.launchers import Launcher, activation_images
-from cnnlab.cuda.memory import Allocator, HostCopier
+from cnnlab.cuda.memory import Allocator
 from cnnlab.errors import DeviceError
 from cnnlab.network import OutputBatch, nonfinite_error
 from cnnlab.tracing import NO_TRACE, Tracer
 
 
-def chunk_stream_bytes(chunk: int, launcher: Launcher) -> int:
-    """Device memory one chunk stream takes: its images, the activations where the kernels pass them on, its partials."""
-    per_image = IMAGE_BYTES + launcher.segments * OUT_LAYER_SIZE * 8
+def chunk_stream_bytes(chunk: int, launcher: Launcher, images: bool = True) -> int:
+    """Device memory one chunk stream takes: its images (where it holds them), the activations where the kernels pass
+    them on, its partials."""
+    per_image = IMAGE_BYTES * images + launcher.segments * OUT_LAYER_SIZE * 8
     return chunk * per_image + activation_images(launcher, chunk) * OUT_NEURON_DIM * 8
 
 
 class ChunkStream:
-    """A CUDA stream and the device buffers of one chunk: its images in, the rung's kernels, its partials out."""
+    """A CUDA stream and the device buffers of one chunk: its images in, the rung's kernels, its partials out. The images'
+    buffer is made now where `images` says chunks will be copied in, else on first need (a run whose images lie in an
+    image buffer already needs none)."""
 
-    def __init__(self, driver: Driver, memory: Allocator, chunk: int, launcher: Launcher, trace: Tracer = NO_TRACE) -> None:
+    def __init__(
+        self, driver: Driver, memory: Allocator, chunk: int, launcher: Launcher, trace: Tracer = NO_TRACE, images: bool = True
+    ) -> None:
         self.stream = driver.Stream()
         self.driver, self.memory, self.chunk, self.trace = driver, memory, chunk, trace
-        self.images = memory.device(chunk * IMAGE_BYTES)
+        self._images = memory.device(chunk * IMAGE_BYTES) if images else None
         activations = activation_images(launcher, chunk)
         self.conv_out = memory.device(activations * OUT_NEURON_DIM * 8) if activations else None
         self.partials = memory.device(launcher.segments * chunk * OUT_LAYER_SIZE * 8)
         self._staging: np.ndarray | None = None  # page-locked images on their way in, made on first need
         self._staging_free = driver.Event()  # the last copy out of the staging buffer has finished
         self.csv: CsvParse | None = None  # the GPU CSV parse's buffers, made on first need
+
+    @property
+    def images(self) -> DeviceAllocation:
+        """The device buffer a chunk's images are copied or parsed into."""
+        if self._images is None:
+            self._images = self.memory.device(self.chunk * IMAGE_BYTES)
+        return self._images
 
     def csv_parse(self, module: Any, nbytes: int) -> CsvParse:
         """The GPU CSV parse's buffers, for a text of at least `nbytes` (made anew, larger, where they are smaller)."""
@@ -87,7 +99,7 @@ class ChunkStream:
         done.record(self.stream)
 
     def free(self) -> None:
-        for allocation in (self.images, self.conv_out, self.partials, self._staging):
+        for allocation in (self._images, self.conv_out, self.partials, self._staging):
             if allocation is not None:
                 self.memory.free(allocation)
         if self.csv is not None:
@@ -98,74 +110,6 @@ class ChunkSource(Protocol):
     def start(self, chunk_stream: ChunkStream, index: int) -> None: ...
 
     def images(self, chunk_stream: ChunkStream, index: int) -> int: ...
-
-
-class HostImages:
-    """Chunks of a host batch: copied straight from page-locked memory, or staged there first by `copier`."""
-
-    def __init__(self, images: np.ndarray, chunk: int, page_locked: bool, copier: HostCopier) -> None:
-        self._images, self._chunk, self._page_locked, self._copier = images, chunk, page_locked, copier
-
-    def start(self, chunk_stream: ChunkStream, index: int) -> None:
-        images = self._images[index * self._chunk : (index + 1) * self._chunk]
-        if not self._page_locked:
-            staged = chunk_stream.staging(len(images))
-            self._copier.copy(staged, images)
-            images = staged
-        chunk_stream.copy_in(images)
-
-    def images(self, chunk_stream: ChunkStream, index: int) -> int:
-        return int(chunk_stream.images)
-
-
-class ResidentImages:
-    """Chunks of images already in device memory: nothing to copy. Where `ready` is given (an image buffer's event, its
-    fill's last copy), each stream's kernels wait for it on the device."""
-
-    def __init__(self, address: int, chunk: int, ready: Any = None) -> None:
-        self._address, self._chunk, self._ready = address, chunk, ready
-
-    def start(self, chunk_stream: ChunkStream, index: int) -> None:
-        if self._ready is not None:
-            chunk_stream.stream.wait_for_event(self._ready)
-
-    def images(self, chunk_stream: ChunkStream, index: int) -> int:
-        return self._address + index * self._chunk * IMAGE_BYTES
-
-
-class CsvTextChunks:
-    """Chunks of a batch of CSV text (csv_batch.CsvBatch): copied to the chunk stream, parsed there into its images.
-
-    Whatever the device could not take (a bad line, a value it cannot prove correctly rounded) is
-    done on the host: the values it lists are converted with float() and patched in; anything else
-    sends the chunk to the host's parser, which names a bad line as it always has, or converts it.
-    """
-
-    def __init__(self, batch: Any, chunk: int, module: Any) -> None:
-        self._batch, self._module, self._chunk = batch, module, chunk
-        self._pieces = batch.span.pieces(chunk * INPUT_DIM)
-
-    def start(self, chunk_stream: ChunkStream, index: int) -> None:
-        piece = self._pieces[index]
-        nbytes = piece.end - piece.start
-        csv = chunk_stream.csv_parse(self._module, nbytes)
-        with chunk_stream.trace.span("copy text in", chunk_stream.stream, bytes=nbytes):
-            chunk_stream.driver.memcpy_htod_async(csv.texts[0], piece.data[piece.start : piece.end], chunk_stream.stream)
-        first_row = self._batch.first_row(index, self._chunk)
-        layout, trace = self._batch.layout, chunk_stream.trace
-        csv.queue(chunk_stream.stream, csv.texts[0], nbytes, chunk_stream.images, 0, piece.rows, layout, first_row, trace)
-
-    def images(self, chunk_stream: ChunkStream, index: int) -> int:
-        piece, csv = self._pieces[index], chunk_stream.csv
-        assert csv is not None
-        result = csv.result()
-        if result.ok:
-            csv.patch(chunk_stream.stream, chunk_stream.images, 0, host_values(piece.data[piece.start : piece.end], result))
-        else:
-            staged = chunk_stream.staging(piece.rows // INPUT_DIM)
-            self._batch.parse_on_host(piece, self._batch.first_row(index, self._chunk), staged.reshape(-1))
-            chunk_stream.copy_in(staged)
-        return int(chunk_stream.images)
 
 
 class OutputSink(Protocol):
@@ -218,11 +162,12 @@ class ChunkStreams:
 
     def __init__(
         self, driver: Driver, memory: Allocator, launcher: Launcher, streams: int, chunk: int, cap: int | None,
-        nonfinite: Any, find_nonfinite: FindNonFinite, trace: Tracer = NO_TRACE,
+        nonfinite: Any, find_nonfinite: FindNonFinite, trace: Tracer = NO_TRACE, images: bool = True,
     ) -> None:
         """`streams` streams of `chunk` images, the chunk halved until their device buffers fit (or fit under `cap` bytes);
         `nonfinite`: the device flag the kernels set where an image value is a NaN or an infinity; `trace` gets spans of
-        each chunk's copies and kernels on its stream, and of the host's waits and reduction."""
+        each chunk's copies and kernels on its stream, and of the host's waits and reduction; `images`: chunks' images
+        will be copied in (their buffers made now), not read where they lie (made only where a chunk needs them)."""
         self._driver, self._memory, self._launcher, self._trace = driver, memory, launcher, trace
         self._nonfinite, self._find_nonfinite = nonfinite, find_nonfinite
         self._host_partials: np.ndarray | None = None  # page-locked (chunks, segments, chunk, 10), grown as needed
@@ -232,11 +177,11 @@ class ChunkStreams:
         self.chunk = chunk
         while True:
             try:
-                if cap is not None and streams * chunk_stream_bytes(self.chunk, launcher) > cap:
+                if cap is not None and streams * chunk_stream_bytes(self.chunk, launcher, images) > cap:
                     raise DeviceError(f"{streams} streams of {self.chunk} images need more than {cap} bytes")
                 with device_errors("cannot allocate device buffers"):
                     for _ in range(streams):
-                        self.streams.append(ChunkStream(driver, memory, self.chunk, launcher, trace.per_chunk))
+                        self.streams.append(ChunkStream(driver, memory, self.chunk, launcher, trace.per_chunk, images))
                 return
             except DeviceError:
                 self.free()

@@ -35,7 +35,8 @@ from cnnlab.arrays import check_device_images, check_device_outputs, device_arra
 from cnnlab.backend import DeviceBatch, TextBatching
 from cnnlab.constants import INPUT_DIM, OUT_LAYER_SIZE
 from cnnlab.cuda import gpus
-from cnnlab.cuda.chunk_streams import ChunkSource, ChunkStreams, CsvTextChunks, DeviceOutputs, HostImages, ResidentImages
+from cnnlab.cuda.chunk_sources import CsvTextChunks, HostImages, ResidentImages
+from cnnlab.cuda.chunk_streams import ChunkSource, ChunkStreams, DeviceOutputs
 from cnnlab.cuda.csv_double_buffer import DeviceCsvDoubleBuffer
 from cnnlab.cuda.device_setup import DeviceSetup
 from cnnlab.cuda.driver import (
@@ -85,7 +86,7 @@ class CudaContext:
 
     def __init__(
         self, cnn: Cnn, batch_size: int | None = None, config: LaunchConfig | None = None, parse_csv: bool = True,
-        threads: int | None = None, device: int = 0, trace: Tracer = NO_TRACE, copier_ahead: bool = False,
+        threads: int | None = None, device: int = 0, trace: Tracer = NO_TRACE, copier_ahead: int | None = None,
     ) -> None:
         """Start the driver, load the kernels, put the weights on GPU `device` and make the chunk streams.
 
@@ -93,9 +94,10 @@ class CudaContext:
         `parse_csv`: whether CSV text is parsed on the device (the command line's cuda mode); `threads`: the host
         threads that read the input and copy host arrays into page-locked memory (default: every core); `device`: which
         GPU, counted from 0 as nvidia-smi does; `trace`: what gets a span of each batch's work on each stream (--trace),
-        or of each chunk's copies, kernels and reduction (--trace-chunks); `copier_ahead`: make the file copier (its
-        page-locked staging buffers) on a thread while the kernels load, for a run that reads a file into image or
-        text buffers (the command line's), rather than with the first buffer.
+        or of each chunk's copies, kernels and reduction (--trace-chunks); `copier_ahead`: the bytes of a file the run
+        copies straight into image or text buffers (the command line's), for which the file copier (its page-locked
+        staging buffers, sized to the file) is made on a thread while the kernels load, rather than with the first
+        buffer; None: none.
         """
         self.config = config or LaunchConfig()
         self._trace = trace
@@ -124,8 +126,8 @@ class CudaContext:
             self._resources.callback(self._file_buffers.close)
             self._copier = HostCopier(self.threads)  # host arrays into page-locked staging, on the host threads
             self._resources.callback(self._copier.close)
-            if copier_ahead:
-                self._file_buffers.make_copier_ahead()
+            if copier_ahead is not None:
+                self._file_buffers.make_copier_ahead(copier_ahead)
             self.device = gpu.name()
             with device_errors(f"cannot load {modules.cnn}"):
                 self._module = trace.per_chunk.launches(driver.module_from_file(str(modules.cnn)))
@@ -144,7 +146,7 @@ class CudaContext:
             chunk = self.config.chunk_images or math.ceil(self.batch_size / self.config.streams)
             self._streams = ChunkStreams(
                 driver, self.memory, self._launcher, self.config.streams, chunk, self.config.stream_bytes_cap, self.setup.nonfinite,
-                find_nonfinite, trace,
+                find_nonfinite, trace, images=copier_ahead is None,  # a file's images are read where they lie on the device
             )
             self._on_close(self._free_streams)
         except BaseException:
@@ -183,10 +185,15 @@ class CudaContext:
         """Device memory for up to `count` images of a regular .npy file, filled straight from it (FileBuffers)."""
         return self._file_buffers.image_buffer(count)
 
-    def csv_double_buffer(self, image_bytes: float) -> DeviceCsvDoubleBuffer | None:
+    def csv_double_buffer(self, file_bytes: int, images: int) -> DeviceCsvDoubleBuffer | None:
         """A double buffer for a regular CSV file's text, copied straight to the device and parsed there (FileBuffers);
         None where the host parses CSV."""
-        return self._file_buffers.csv_double_buffer(image_bytes, self._csv_module) if self._parse_csv else None
+        return self._file_buffers.csv_double_buffer(file_bytes, images, self._csv_module) if self._parse_csv else None
+
+    def load_cnn(self, cnn: Cnn) -> None:
+        """Compute with `cnn` from now on: its filters and weights copied to the device (320 KB)."""
+        with device_errors("cannot copy the CNN to the device"):
+            self.setup.load_cnn(cnn)
 
     def upload(self, batch: ImageBatch) -> DeviceImages:
         """Copy a batch to device memory once, for compute_resident(); free() gives the memory back."""

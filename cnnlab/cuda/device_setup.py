@@ -38,14 +38,26 @@ class DeviceSetup:
         key = (build.source, build.variant)
         if key not in self._modules:
             module = self._trace.per_chunk.launches(self.driver.module_from_file(str(ensure_fatbin(build))))
-            try:
-                symbol = module.get_global("filters")[0]
-            except self.driver.Error:  # no such symbol: this source reads its filters from global memory
-                symbol = None
-            if symbol is not None:
-                self.driver.memcpy_htod(symbol, self.cnn.filters)
+            self._copy_filters(module)
             self._modules[key] = module
         return self._modules[key]
+
+    def _copy_filters(self, module: Any) -> None:
+        """The filters into `module`'s constant memory, where it has them."""
+        try:
+            symbol = module.get_global("filters")[0]
+        except self.driver.Error:  # no such symbol: this source reads its filters from global memory
+            return
+        self.driver.memcpy_htod(symbol, self.cnn.filters)
+
+    def load_cnn(self, cnn: Cnn) -> None:
+        """Compute with `cnn` from now on: its filters into every module loaded and its weights into device memory."""
+        self.cnn = cnn
+        for module in self._modules.values():
+            self._copy_filters(module)
+        if self._global_filters is not None:
+            self.driver.memcpy_htod(self._global_filters, cnn.filters)
+        self.driver.memcpy_htod(self.weights, cnn.weights)
 
     def add_module(self, build: Build, module: Any) -> None:
         """A module the context loaded itself (kernel.cu's), with its filters already copied in."""

@@ -39,21 +39,22 @@ class FileBuffers:
         self._copier: FileCopier | None = None
         self._making: Future[FileCopier] | None = None
 
-    def make_copier_ahead(self) -> None:
-        """Start making the copier (its page-locked staging buffers) on a thread, while the caller goes on."""
+    def make_copier_ahead(self, file_bytes: int) -> None:
+        """Start making the copier for a file of `file_bytes` (its page-locked staging buffers) on a thread, while the
+        caller goes on."""
         making = ThreadPoolExecutor(1, thread_name_prefix="cnnlab-copier")
-        self._making = making.submit(self._make_copier)
+        self._making = making.submit(self._make_copier, file_bytes)
         making.shutdown(wait=False)
 
-    def _make_copier(self) -> FileCopier:
+    def _make_copier(self, job_bytes: int) -> FileCopier:
         with self._current():
-            return FileCopier(self._driver, self._memory, self._current, self._threads)
+            return FileCopier(self._driver, self._memory, self._current, self._threads, job_bytes)
 
-    def copier(self) -> FileCopier:
-        """The file copier, made now where it was not made ahead."""
+    def copier(self, job_bytes: int) -> FileCopier:
+        """The file copier, made now for copies of up to `job_bytes` where it was not made ahead."""
         if self._copier is None:
             making, self._making = self._making, None
-            self._copier = making.result() if making is not None else self._make_copier()
+            self._copier = making.result() if making is not None else self._make_copier(job_bytes)
         return self._copier
 
     def image_buffer(self, count: int) -> DeviceImageBuffer:
@@ -62,16 +63,17 @@ class FileBuffers:
         with device_errors("cannot make an image buffer on the device for a batch of the file's images"):
             free = self._driver.mem_get_info()[0]
             capacity = max(1, min(count, self._batch or DEFAULT_BUFFER_IMAGES, int(free * FREE_MEMORY_SHARE) // IMAGE_BYTES))
-            copier = self.copier()
+            copier = self.copier(capacity * IMAGE_BYTES)
             return DeviceImageBuffer(self._memory.device(capacity * IMAGE_BYTES), capacity, self._driver, copier, self._free_image_buffer)
 
-    def csv_double_buffer(self, image_bytes: float, module: Any) -> DeviceCsvDoubleBuffer:
-        """Text buffers for ranges of a regular CSV file of `image_bytes` of text an image, parsed by `module`'s kernels:
-        TEXT_BUFFER_BYTES (the batch asked for, where one was), no more than FREE_MEMORY_SHARE of the device's free
-        memory allows."""
-        wanted = TEXT_BUFFER_BYTES if self._batch is None else int(self._batch * image_bytes * 1.05)
+    def csv_double_buffer(self, file_bytes: int, images: int, module: Any) -> DeviceCsvDoubleBuffer:
+        """Text buffers for ranges of a regular CSV file of `file_bytes` holding `images`, parsed by `module`'s kernels:
+        TEXT_BUFFER_BYTES (the batch asked for, where one was), no more than the file and than FREE_MEMORY_SHARE of the
+        device's free memory allow."""
+        wanted = TEXT_BUFFER_BYTES if self._batch is None else int(self._batch * file_bytes / images * 1.05)
+        wanted = min(wanted, file_bytes + 16)  # a range of the whole file at most
         with device_errors("cannot make buffers on the device for the file's text"):
-            copier = self.copier()
+            copier = self.copier(wanted)
             text_bytes = text_buffer_bytes(self._driver.mem_get_info()[0], FREE_MEMORY_SHARE, wanted, copier.round_bytes)
             return DeviceCsvDoubleBuffer(
                 self._driver, self._memory, copier, module, text_bytes, self._current, self._free_double_buffer, self._trace

@@ -49,7 +49,8 @@ class _StagingPair:
     task (what the copy's `ready` event waits for)."""
 
     def __init__(self, driver: Driver, block: np.ndarray) -> None:
-        self.buffers = [block[:TASK_BYTES], block[TASK_BYTES:]]
+        half = len(block) // 2
+        self.buffers = [block[:half], block[half:]]
         self.stream = driver.Stream()
         no_timing = driver.event_flags.DISABLE_TIMING
         self.copied = [driver.Event(no_timing) for _ in range(2)]
@@ -81,24 +82,37 @@ class Copying:
         return self._finish()
 
 
+def staging_shape(threads: int, job_bytes: int) -> tuple[int, int]:
+    """The copier's threads and task bytes for copies of up to `job_bytes`: tasks of TASK_BYTES, or of the job's whole
+    pages where it is smaller, and a thread a task, up to `threads` and MAX_THREADS."""
+    task = min(TASK_BYTES, -(-max(job_bytes, 1) // 4096) * 4096)
+    return max(1, min(threads, MAX_THREADS, -(-job_bytes // task))), task
+
+
 class FileCopier:
     """Copies byte ranges of files into device memory on `threads` threads (at most MAX_THREADS), with the context
     made current on each by `current`; its buffers are `memory`'s, given back when the context frees its memory. Up to
     IN_FLIGHT copies at once (a run's reader thread asks): the threads' staging buffers serve every copy. Made on the
-    context's thread (its join stream is the context's)."""
+    context's thread (its join stream is the context's).
 
-    def __init__(self, driver: Driver, memory: Allocator, current: Callable[[], AbstractContextManager[None]], threads: int) -> None:
+    Sized to the job, `job_bytes` (the most one copy moves): no more threads than it has tasks, and tasks no larger
+    than it, so that a small file pins kilobytes, not every thread's two tasks."""
+
+    def __init__(
+        self, driver: Driver, memory: Allocator, current: Callable[[], AbstractContextManager[None]], threads: int, job_bytes: int
+    ) -> None:
         self._driver, self._current = driver, current
-        count = min(threads, MAX_THREADS)
-        block = memory.host(count * 2 * TASK_BYTES, "u1")
-        self._pairs = [_StagingPair(driver, block[index * 2 * TASK_BYTES : (index + 1) * 2 * TASK_BYTES]) for index in range(count)]
+        count, self.task_bytes = staging_shape(threads, job_bytes)
+        pair_bytes = 2 * self.task_bytes
+        block = memory.host(count * pair_bytes, "u1")
+        self._pairs = [_StagingPair(driver, block[index * pair_bytes : (index + 1) * pair_bytes]) for index in range(count)]
         self._joined = driver.Stream()  # waits for every thread's last copy, then records a buffer's ready event
         self._pool = ThreadPoolExecutor(len(self._pairs), thread_name_prefix="cnnlab-copy-in")
         self._free: queue.SimpleQueue[_StagingPair] = queue.SimpleQueue()  # pairs no drain holds
         for pair in self._pairs:
             self._free.put(pair)
         self._under_way = threading.Semaphore(IN_FLIGHT)
-        self.round_bytes = len(self._pairs) * TASK_BYTES  # a task for each thread
+        self.round_bytes = len(self._pairs) * self.task_bytes  # a task for each thread
         # Every thread started now, the context made current on it once, rather than in the first copy's time. All wait
         # at the barrier, so that each task takes a thread of its own.
         started = threading.Barrier(len(self._pairs))
@@ -123,7 +137,7 @@ class FileCopier:
     def start(self, fd: int, offset: int, nbytes: int, address: int, ready: Any, stop: threading.Event) -> Copying:
         """Start a copy(): its threads read and copy while the caller does other work, and its Copying's wait() ends it
         as copy() does. Up to IN_FLIGHT copies are under way at once: a start() past them waits for the oldest's wait()."""
-        tasks = iter(range(0, nbytes, TASK_BYTES))
+        tasks = iter(range(0, nbytes, self.task_bytes))
         taking, halt = threading.Lock(), threading.Event()  # halt: a thread failed, or Copying.stop()
 
         def next_task() -> Iterator[int]:
@@ -174,7 +188,7 @@ class FileCopier:
                     side = turn % 2
                     buffer = pair.buffers[side]
                     pair.copied[side].synchronize()  # this buffer's last copy has left it
-                    wanted = min(TASK_BYTES, copy.nbytes - at)
+                    wanted = min(self.task_bytes, copy.nbytes - at)
                     got = os.preadv(copy.fd, [buffer[:wanted].data], copy.offset + at)
                     if got:
                         self._driver.memcpy_htod_async(copy.address + at, buffer[:got], pair.stream)

@@ -25,7 +25,7 @@ from cnnlab.backend import Backend, Batch, DeviceBatch, TextBatching
 from cnnlab.constants import IMAGE_BYTES
 from cnnlab.files.csv_batch import CsvBatch
 from cnnlab.interrupts import held
-from cnnlab.network import ImageBatch, ImageBuffer, OutputBatch
+from cnnlab.network import Cnn, ImageBatch, ImageBuffer, OutputBatch
 from cnnlab.owner import BackendOwner
 
 
@@ -56,7 +56,7 @@ class MultiGpuBackend:
     def free_images(self, buffer: np.ndarray) -> None:
         self._owners[0].call(lambda backend: backend.free_images(buffer))
 
-    def csv_double_buffer(self, image_bytes: float) -> None:
+    def csv_double_buffer(self, file_bytes: int, images: int) -> None:
         """None: a CSV file's text comes to several GPUs through the host's windows, a batch's pieces dealt out."""
         return None
 
@@ -98,6 +98,11 @@ class MultiGpuBackend:
 
     def free_text(self, buffer: np.ndarray) -> None:
         self._backends[0].free_text(buffer)
+
+    def load_cnn(self, cnn: Cnn) -> None:
+        """Each GPU's backend loads `cnn`, on its own thread."""
+        for owner in self._owners:
+            owner.call(methodcaller("load_cnn", cnn))
 
     def compute(self, batch: Batch, check_finite: bool = False) -> OutputBatch:
         """The outputs of every image of the batch, in order, its shards computed on the GPUs at once."""
