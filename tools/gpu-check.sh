@@ -47,6 +47,8 @@
 #   against   this tree against the checkout at $BEFORE (built here too), in turns: the default data, 30,000 CSV images
 #             and 200,000 .npy images through cuda mode, outputs byte for byte, wall, start-up and loop seconds and their
 #             ratios, peak GPU memory (tools/against.py)
+#   sizes     the 30,000-image CSV and 200,000-image .npy loops at several --batch values (the text and image buffers
+#             they size) and the default data: loop seconds and peak GPU memory above the level before, three turns
 #   api       the Python API's tests (PyTorch and CuPy device arrays, out=), its device-array rate, and a wheel
 #             built here, installed into a fresh virtual environment with nvcc off the PATH, running cuda mode
 #             from outside the checkout (numpy for that environment: a wheel in .venvwheels/, as .wheelhouse's)
@@ -74,10 +76,16 @@ python3 setup.py -q build_ext --inplace 2>&1 | tail -3 || exit 2
 python3 build.py --force || exit 2
 cnnlab() { python3 -m cnnlab "$@"; }
 for mode in cpu cuda; do cnnlab $mode "data/cnn.csv" "data/in.csv" "$WORK/warm.csv" > /dev/null 2>&1; done
-job30k() {  # the 30,000-image CSV job (5.6 GB) in $WORK/job, in the page cache: the lab's data at scale
-  cnnlab generate --images 10000 --seed 459 --out-dir "$WORK/job"
-  (echo 30000; for _ in 1 2 3; do tail -n +2 "$WORK/job/in.csv"; done) > "$WORK/job/in30k.csv"
+job30k() {  # the 30,000-image CSV job (5.6 GB) in $WORK/job, in the page cache: the lab's data at scale (made once)
+  if [ ! -f "$WORK/job/in30k.csv" ]; then
+    cnnlab generate --images 10000 --seed 459 --out-dir "$WORK/job"
+    (echo 30000; for _ in 1 2 3; do tail -n +2 "$WORK/job/in.csv"; done) > "$WORK/job/in30k.csv"
+  fi
   cat "$WORK/job/in30k.csv" > /dev/null
+}
+npy200k() {  # 200,000 fresh images in $WORK/job/in200k.npy (16 GB), in the page cache (made once)
+  [ -f "$WORK/job/in200k.npy" ] || random_npy "$WORK/job/in200k.npy" 200000
+  cat "$WORK/job/in200k.npy" > /dev/null
 }
 timed() { /usr/bin/time -f "$1: wall %e s, peak RSS %M KB" "${@:2}"; }
 random_npy() {  # random_npy PATH N: N fresh images, uniform in [-10, 10], written in blocks
@@ -308,15 +316,39 @@ PY
       if [ -z "${BEFORE:-}" ]; then echo "against: BEFORE names no checkout"; status=1; continue; fi
       (cd "$BEFORE" && python3 setup.py -q build_ext --inplace 2>&1 | tail -3 && python3 build.py --no-ladder) || { status=1; continue; }
       job30k
-      random_npy "$WORK/job/in200k.npy" 200000
-      cat "$WORK/job/in200k.npy" > /dev/null  # in the page cache
+      npy200k
       {
         against() { SITE=/tmp/site python3 tools/against.py --before "$BEFORE" "$@"; }
-        against --pairs 5 --label "default data" cuda data/cnn.csv data/in.csv
+        against --pairs 15 --label "default data" cuda data/cnn.csv data/in.csv
         against --pairs 5 --label "30,000 CSV images" cuda "$WORK/job/cnn.csv" "$WORK/job/in30k.csv"
         against --pairs 5 --label "200,000 .npy images" cuda "$WORK/job/cnn.csv" "$WORK/job/in200k.npy"
       } 2>&1 | tee "$OUT/against.log" || status=1
       rm -rf "$WORK/job" ;;
+    sizes)
+      job30k
+      npy200k
+      {
+        sampled() {  # sampled LABEL COMMAND...: the command's loop seconds and the GPU's peak memory above the level before
+          local before; before=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0)
+          nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 -lms 20 > "$WORK/memory.log" & local sampler=$!
+          "${@:2}" --timing-json "$WORK/sizes.json" > /dev/null
+          kill $sampler; wait $sampler 2>/dev/null
+          python3 -c "import json, sys; f = json.load(open(sys.argv[1])); peak = max(map(int, open(sys.argv[2]).read().split() or [0]))
+print(f'{sys.argv[3]:<34} loop {f[\"loop_seconds\"]:.3f} s, peak GPU memory {peak - int(sys.argv[4]):,} MiB above the level before')" \
+            "$WORK/sizes.json" "$WORK/memory.log" "$1" "$before"
+        }
+        for turn in 1 2 3; do
+          for batch in 256 512 1024 2048 default; do
+            option=$([ $batch = default ] || echo "--batch $batch")
+            sampled "30,000 CSV, --batch $batch" cnnlab cuda $option "$WORK/job/cnn.csv" "$WORK/job/in30k.csv" "$WORK/sizes.csv"
+          done
+          for batch in 2048 4096 8192 default; do
+            option=$([ $batch = default ] || echo "--batch $batch")
+            sampled "200,000 .npy, --batch $batch" cnnlab cuda $option "$WORK/job/cnn.csv" "$WORK/job/in200k.npy" "$WORK/sizes.npy"
+          done
+          sampled "default data" cnnlab cuda data/cnn.csv data/in.csv "$WORK/sizes.csv"
+        done
+      } 2>&1 | tee "$OUT/sizes.log" || status=1 ;;
     long)
       cnnlab generate --images 1 --out-dir "$WORK/long"
       random_npy "$WORK/long/in.npy" 200000
