@@ -19,9 +19,9 @@ SITE_PACKAGES := $(VENV)/lib/python3*/site-packages
 NATIVE_SOURCES := setup.py cnnlab/constants.py $(wildcard native/*) $(wildcard kernel/*.h)
 
 # Every Python setup.cfg admits (its classifiers name each): make test-pythons tests the sdist on each of them but
-# $(PYTHON)'s, which make test tests; those left out of PYTHONS_ARGS' pytest run are the slow tests (seconds each).
+# $(PYTHON)'s, which make test tests. More pytest options for those runs, e.g. PYTHONS_ARGS="-m 'not slow'".
 PYTHONS := 3.10 3.11 3.12 3.13
-PYTHONS_ARGS ?= -m 'not slow'
+PYTHONS_ARGS ?=
 
 .PHONY: setup run test test-pythons lint typecheck clean
 
