@@ -31,9 +31,12 @@ def installed_version() -> str:
 
 def test_the_metadata_names_the_license_and_the_python_versions_it_is_tested_on() -> None:
     """The MIT license, as an SPDX expression and as LICENSE in the install; a classifier for each Python version the
-    Makefile tests on (PYTHONS), the oldest the one Requires-Python admits first."""
+    Makefile tests on (PYTHONS), the oldest the one Requires-Python admits first; the README as the long description,
+    without the links into the repository that lead nowhere on an index."""
     installed_version()
     meta = metadata.metadata("cnnlab")
+    description = meta.get_payload()  # type: ignore[attr-defined]
+    assert "## Commands" in description and "docs/gpu.md" in description and not re.search(r"\]\((?![a-z]+://)", description)
     assert meta["License-Expression"] == "MIT"
     assert any(file.name == "LICENSE" for file in metadata.files("cnnlab") or ())
     named = [classifier.rsplit(" :: ", 1)[1] for classifier in meta.get_all("Classifier") or ()
