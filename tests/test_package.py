@@ -35,7 +35,9 @@ def test_the_metadata_names_the_license_and_the_python_versions_it_is_tested_on(
     without the links into the repository that lead nowhere on an index."""
     installed_version()
     meta = metadata.metadata("cnnlab")
-    description = meta.get_payload()  # type: ignore[attr-defined]
+    # The body, or (importlib_metadata's backport, which another package may put in importlib.metadata's place) the
+    # Description field it moves the body into.
+    description = meta.get("Description") or meta.get_payload()  # type: ignore[attr-defined]
     assert "## Commands" in description and "docs/gpu.md" in description and not re.search(r"\]\((?![a-z]+://)", description)
     assert meta["License-Expression"] == "MIT"
     assert any(file.name == "LICENSE" for file in metadata.files("cnnlab") or ())
