@@ -4,9 +4,10 @@ the tracer of a run without --trace, which records nothing and imports nothing: 
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import numpy as np
+if TYPE_CHECKING:  # annotations only: the protocol itself needs no numpy
+    import numpy as np
 
 
 class Tracer(Protocol):
