@@ -45,6 +45,7 @@ CONV_OUT_DIM = INPUT_DIM // FILTER_DIM  # each filter gives a CONV_OUT_DIM x CON
 OUT_NEURON_DIM = CONV_LAYER_SIZE * CONV_OUT_DIM * CONV_OUT_DIM  # 4000 flattened values
 OUT_LAYER_SIZE = 10  # number of output neurons
 IMAGE_BYTES = INPUT_DIM * INPUT_DIM * 8  # 80,000 bytes of float64 per image
+MIN_ROW_BYTES = 2 * INPUT_DIM  # the shortest row of an input CSV: 100 one-character values, 99 commas and a line end
 
 # Floating-point operations per image: a multiply and an add per convolution tap and per weight.
 FLOPS_PER_IMAGE = 2 * (CONV_LAYER_SIZE * CONV_OUT_DIM * CONV_OUT_DIM * FILTER_DIM * FILTER_DIM + OUT_LAYER_SIZE * OUT_NEURON_DIM)

@@ -222,6 +222,7 @@ class CsvDoubleBuffer(Protocol):
     other is parsed, one image buffer is parsed into while the other's images are computed."""
 
     text_bytes: int  # the most text a fill takes
+    rows: int  # the most rows a parse takes
 
     def start_fill(self, fd: int, offset: int, nbytes: int, stop: threading.Event) -> None:
         """Start copying `nbytes` of the file `fd` from `offset` into the next text buffer (two fills may be under way,
@@ -240,9 +241,14 @@ class CsvDoubleBuffer(Protocol):
         unfinished; `separated`: the file has a blank line before every image after the first (files/rows.py)."""
         ...
 
-    def parsed(self, carry: int, path: str | os.PathLike[str]) -> tuple[int, ImageBuffer] | None:
-        """Wait for the last parse: the rows it found and the image buffer that holds them after the `carry` rows; None
-        where it found a bad row (the file `path`'s reader names it)."""
+    def parsed(self, carry: int, path: str | os.PathLike[str]) -> tuple[int, ImageBuffer | None] | None:
+        """Wait for the last parse: the rows it found and the image buffer that holds them after the `carry` rows; no
+        buffer where the rows were more than `rows` (nothing kept); None where it found a bad row (the file `path`'s
+        reader names it)."""
+        ...
+
+    def restart(self) -> None:
+        """Wait for the fills under way and drop them: the next fill goes into the text buffer the next parse reads."""
         ...
 
     def free(self) -> None:

@@ -43,34 +43,45 @@ class HostDoubleBuffer:
     """A double buffer of host memory, filled by os.preadv and parsed by the host's parser, as a GPU's are by its copier and
     csv.cu: it counts each range's rows itself, and says None for a range with a bad row."""
 
-    def __init__(self, text_bytes: int, cut: Path | None = None) -> None:
+    def __init__(self, text_bytes: int, cut: Path | None = None, rows: int | None = None) -> None:
         self.text_bytes, self._cut, self.fills, self.freed = text_bytes, cut, 0, False
+        self.rows = text_bytes // 200 + 1 if rows is None else rows
         self._texts = [np.zeros(text_bytes, np.uint8) for _ in range(2)]
-        self._images = [HostImageBuffer(text_bytes // 200 + 2 * INPUT_DIM) for _ in range(2)]
+        self._images = [HostImageBuffer(self.rows + INPUT_DIM) for _ in range(2)]
         self._got: list[int] = []  # each fill's count, until filled() takes it
-        self._handed = self._parses = 0
+        self._handed = self._parses = self._sides = self.restarts = 0
         self._carry_rows = np.empty(0)
+        self.ranges: list[int] = []  # each fill's bytes
 
     def start_fill(self, fd: int, offset: int, nbytes: int, stop: threading.Event) -> None:
         self.fills += 1
+        self.ranges.append(nbytes)
         if self._cut is not None and self.fills == 3:  # another program cuts the file short under the run
             os.truncate(self._cut, offset + nbytes // 2)
-        self._got.append(os.preadv(fd, [self._texts[(self.fills - 1) % 2][:nbytes].data], offset))
+        self._got.append(os.preadv(fd, [self._texts[self._sides % 2][:nbytes].data], offset))
+        self._sides += 1
 
     def filled(self) -> int:
         return self._got.pop(0)
+
+    def restart(self) -> None:
+        self.restarts += 1
+        self._got.clear()
+        self._sides = self._parses
 
     def parse(self, nbytes: int, file_row: int, carry: int, separated: bool) -> None:
         self._parsing = (self._texts[self._parses % 2][:nbytes], file_row, Layout(INPUT_DIM, "image", separated=separated))
         self._parses += 1
 
-    def parsed(self, carry: int, path: str | os.PathLike[str]) -> tuple[int, HostImageBuffer] | None:
+    def parsed(self, carry: int, path: str | os.PathLike[str]) -> tuple[int, HostImageBuffer | None] | None:
         text, file_row, layout = self._parsing
         text = np.frombuffer(text.tobytes().removesuffix(b"\n") + b"\n", np.uint8)  # the file's last line may have no end
         lines = text.tobytes().split(b"\n")
+        rows = sum(1 for line in lines if line.strip())
+        if rows > self.rows:  # as csv.cu counts the rows past what a parse takes, and keeps nothing
+            return rows, None
         if max(map(len, lines)) > MAX_LINE_BYTES:  # as csv.cu refuses a line the host would
             return None
-        rows = sum(1 for line in lines if line.strip())
         buffer = self._images[self._handed % 2]
         buffer.values[: carry * INPUT_DIM] = self._carry_rows[: carry * INPUT_DIM]
         try:
@@ -92,13 +103,13 @@ class StandIn(CpuBackend):
 
     csv_text = TextBatching(16, 16)
 
-    def __init__(self, cnn: Cnn, text_bytes: int, cut: Path | None = None) -> None:
+    def __init__(self, cnn: Cnn, text_bytes: int, cut: Path | None = None, rows: int | None = None) -> None:
         super().__init__(cnn, batch_size=16, threads=1)
-        self._text_bytes, self._cut = text_bytes, cut
+        self._text_bytes, self._cut, self._parse_rows = text_bytes, cut, rows
         self.buffers: list[HostDoubleBuffer] = []
 
     def csv_double_buffer(self, file_bytes: int, images: int) -> HostDoubleBuffer:  # type: ignore[override]
-        self.buffers.append(HostDoubleBuffer(self._text_bytes, self._cut))
+        self.buffers.append(HostDoubleBuffer(self._text_bytes, self._cut, self._parse_rows))
         return self.buffers[-1]
 
     def compute(self, batch: Batch, check_finite: bool = False) -> OutputBatch:
@@ -112,11 +123,13 @@ def text_of(images: np.ndarray, separated: bool = True, line_end: str = "\n", la
     return text if last_line_end else text.rstrip("\r\n")
 
 
-def run_both(tmp_path: Path, cnn: Cnn, text: str, text_bytes: int) -> tuple[bytes | str, bytes | str, HostDoubleBuffer]:
-    """The outputs (or the error) of cpu mode and of the stand-in on the same input file."""
+def run_both(
+    tmp_path: Path, cnn: Cnn, text: str, text_bytes: int, rows: int | None = None
+) -> tuple[bytes | str, bytes | str, HostDoubleBuffer]:
+    """The outputs (or the error) of cpu mode and of the stand-in (a parse taking `rows` rows) on the same input file."""
     (tmp_path / "in.csv").write_text(text)
     results: list[bytes | str] = []
-    with StandIn(cnn, text_bytes) as device:
+    with StandIn(cnn, text_bytes, rows=rows) as device:
         for backend in (CpuBackend(cnn, threads=1), device):
             out = tmp_path / f"out-{len(results)}.csv"
             try:
@@ -139,6 +152,29 @@ def test_ranges_of_any_size_give_the_cpu_s_outputs(
     want, got, buffers = run_both(tmp_path, cnn, text_of(images, separated, line_end, last_line_end), text_bytes)
     assert isinstance(want, bytes) and got == want
     assert buffers.freed and buffers.fills >= min(7, (7 * 190_000) // text_bytes)
+
+
+def test_a_range_of_more_rows_than_a_parse_takes_is_read_again_in_smaller_ones(tmp_path: Path, rng: np.random.Generator) -> None:
+    """Image buffers sized for the file's mean row: where the last images' rows are far shorter ("3.0", 400 bytes a row,
+    after rows of random values of ~1,900), a range of 60 KB holds ~150 rows where a parse takes 100, and it and the
+    rest of the file are read again in ranges of 7/8 of 100 such rows, whose outputs are cpu mode's, the same bytes."""
+    cnn = random_cnn(rng)
+    digits = rng.integers(0, 10, (6, INPUT_DIM, INPUT_DIM)).astype(float)
+    images = np.concatenate([random_values(rng, 4, INPUT_DIM, INPUT_DIM), digits])
+    want, got, buffers = run_both(tmp_path, cnn, text_of(images), 60_000, rows=100)
+    assert isinstance(want, bytes) and got == want
+    assert buffers.restarts == 1 and max(buffers.ranges[-3:]) <= 35_000 < 58_000 <= min(buffers.ranges[:3])
+
+
+def test_rows_shorter_than_a_good_row_past_what_a_parse_takes_are_the_host_s_error(tmp_path: Path, rng: np.random.Generator) -> None:
+    """Ranges too short to hold more good rows than a parse takes that still hold more: the rows are shorter than any
+    good row, and the error is cpu mode's, naming the first bad line."""
+    cnn, images = random_cnn(rng), random_values(rng, 3, INPUT_DIM, INPUT_DIM)
+    rows = text_of(images).split("\n")
+    rows[120:121] = ["1,2"] * 2000
+    want, got, buffers = run_both(tmp_path, cnn, "\n".join(rows), 60_000, rows=20)
+    assert isinstance(want, str) and got == want and "in.csv:121" in want
+    assert buffers.restarts >= 1
 
 
 @pytest.mark.parametrize("blank_lines, into_blanks", [(3000, None), (60_000, 100_000)])

@@ -47,8 +47,12 @@
 #   against   this tree against the checkout at $BEFORE (built here too), in turns: the default data, 30,000 CSV images
 #             and 200,000 .npy images through cuda mode, outputs byte for byte, wall, start-up and loop seconds and their
 #             ratios, peak GPU memory (tools/against.py)
-#   sizes     the 30,000-image CSV and 200,000-image .npy loops at several --batch values (the text and image buffers
-#             they size) and the default data: loop seconds and peak GPU memory above the level before, three turns
+#   sizes     the 30,000-image CSV loop at several TEXT_BUFFER_BYTES and the 200,000-image .npy loop at several
+#             DEFAULT_BUFFER_IMAGES (tools/with_sizes.py), five turns, then the default data and 3,000 CSV images: loop
+#             seconds and peak GPU memory above the level before
+#   account   where each run's GPU memory goes (tools/gpu_memory.py): the default data, 3,000 and 30,000 CSV images and
+#             200,000 .npy images; then the same runs on a shared GPU, another process holding all but 1,000, 700
+#             and 300 MB (tests/gpu_memory_holder.py): status, stderr's lines, outputs against cpu's
 #   api       the Python API's tests (PyTorch and CuPy device arrays, out=), its device-array rate, and a wheel
 #             built here, installed into a fresh virtual environment with nvcc off the PATH, running cuda mode
 #             from outside the checkout (numpy for that environment: a wheel in .venvwheels/, as .wheelhouse's)
@@ -82,6 +86,11 @@ job30k() {  # the 30,000-image CSV job (5.6 GB) in $WORK/job, in the page cache:
     (echo 30000; for _ in 1 2 3; do tail -n +2 "$WORK/job/in.csv"; done) > "$WORK/job/in30k.csv"
   fi
   cat "$WORK/job/in30k.csv" > /dev/null
+}
+job3k() {  # the first 3,000 images of the 30,000-image job (made once)
+  job30k
+  [ -f "$WORK/job/in3k.csv" ] || cnnlab generate --images 3000 --seed 3 --out-dir "$WORK/job3k"
+  ln -sf "$WORK/job3k/in.csv" "$WORK/job/in3k.csv"
 }
 npy200k() {  # 200,000 fresh images in $WORK/job/in200k.npy (16 GB), in the page cache (made once)
   [ -f "$WORK/job/in200k.npy" ] || random_npy "$WORK/job/in200k.npy" 200000
@@ -325,8 +334,7 @@ PY
       } 2>&1 | tee "$OUT/against.log" || status=1
       rm -rf "$WORK/job" ;;
     sizes)
-      job30k
-      npy200k
+      job3k; job30k; npy200k
       {
         sampled() {  # sampled LABEL COMMAND...: the command's loop seconds and the GPU's peak memory above the level before
           local before; before=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0)
@@ -334,21 +342,41 @@ PY
           "${@:2}" --timing-json "$WORK/sizes.json" > /dev/null
           kill $sampler; wait $sampler 2>/dev/null
           python3 -c "import json, sys; f = json.load(open(sys.argv[1])); peak = max(map(int, open(sys.argv[2]).read().split() or [0]))
-print(f'{sys.argv[3]:<34} loop {f[\"loop_seconds\"]:.3f} s, peak GPU memory {peak - int(sys.argv[4]):,} MiB above the level before')" \
+print(f'{sys.argv[3]:<44} loop {f[\"loop_seconds\"]:.3f} s, start-up {f[\"startup_seconds\"]:.3f} s, peak GPU memory {peak - int(sys.argv[4]):,} MiB above the level before')" \
             "$WORK/sizes.json" "$WORK/memory.log" "$1" "$before"
         }
-        for turn in 1 2 3; do
-          for batch in 256 512 1024 2048 default; do
-            option=$([ $batch = default ] || echo "--batch $batch")
-            sampled "30,000 CSV, --batch $batch" cnnlab cuda $option "$WORK/job/cnn.csv" "$WORK/job/in30k.csv" "$WORK/sizes.csv"
+        for turn in 1 2 3 4 5; do
+          for text in 64M 128M 192M 256M 512M; do
+            sampled "30,000 CSV, TEXT_BUFFER_BYTES=$text" python3 tools/with_sizes.py TEXT_BUFFER_BYTES=$text -- cuda "$WORK/job/cnn.csv" "$WORK/job/in30k.csv" "$WORK/sizes.csv"
           done
-          for batch in 2048 4096 8192 default; do
-            option=$([ $batch = default ] || echo "--batch $batch")
-            sampled "200,000 .npy, --batch $batch" cnnlab cuda $option "$WORK/job/cnn.csv" "$WORK/job/in200k.npy" "$WORK/sizes.npy"
+          for images in 2048 4096 6144 8192 16384; do
+            sampled "200,000 .npy, DEFAULT_BUFFER_IMAGES=$images" python3 tools/with_sizes.py DEFAULT_BUFFER_IMAGES=$images -- cuda "$WORK/job/cnn.csv" "$WORK/job/in200k.npy" "$WORK/sizes.npy"
           done
-          sampled "default data" cnnlab cuda data/cnn.csv data/in.csv "$WORK/sizes.csv"
         done
+        for input in data/in.csv "$WORK/job/in3k.csv"; do sampled "$(basename "$input"), as committed" cnnlab cuda data/cnn.csv "$input" "$WORK/sizes.csv"; done
       } 2>&1 | tee "$OUT/sizes.log" || status=1 ;;
+    account)
+      job3k; npy200k
+      {
+        for input in data/in.csv "$WORK/job/in3k.csv" "$WORK/job/in30k.csv" "$WORK/job/in200k.npy"; do
+          python3 tools/gpu_memory.py cuda data/cnn.csv "$input" "$WORK/account.${input##*.}"
+        done
+        shared() {  # shared FREE_MB INPUT: the run with another process holding all of the GPU's memory but FREE_MB
+          local extension=${2##*.}
+          coproc holder { python3 tests/gpu_memory_holder.py "$1"; }
+          local left; read -r left <&"${holder[0]}"
+          rm -f "$WORK/shared.$extension"
+          cnnlab cuda data/cnn.csv "$2" "$WORK/shared.$extension" 2> "$WORK/shared.err"; local code=$?
+          exec {holder[1]}>&-; wait $holder_PID 2>/dev/null
+          echo "$1 MB free ($left bytes left by the holder), $(basename "$2"): status $code, $(wc -l < "$WORK/shared.err") stderr lines, output $([ -f "$WORK/shared.$extension" ] && echo written || echo none)"
+          sed 's/^/    stderr: /' "$WORK/shared.err"
+          [ $code = 0 ] && cnnlab compare "$WORK/shared.$extension" "$WORK/cpu.$extension"
+        }
+        for input in "$WORK/job/in3k.csv" "$WORK/job/in30k.csv" "$WORK/job/in200k.npy"; do
+          cnnlab cpu data/cnn.csv "$input" "$WORK/cpu.${input##*.}"
+          for free in 1000 700 300; do shared $free "$input"; done
+        done
+      } 2>&1 | tee "$OUT/account.log" || status=1 ;;
     long)
       cnnlab generate --images 1 --out-dir "$WORK/long"
       random_npy "$WORK/long/in.npy" 200000

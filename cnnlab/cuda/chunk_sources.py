@@ -66,7 +66,8 @@ class CsvTextChunks:
             chunk_stream.driver.memcpy_htod_async(csv.texts[0], piece.data[piece.start : piece.end], chunk_stream.stream)
         first_row = self._batch.first_row(index, self._chunk)
         layout, trace = self._batch.layout, chunk_stream.trace
-        csv.queue(chunk_stream.stream, csv.texts[0], nbytes, chunk_stream.images, 0, piece.rows, layout, first_row, trace)
+        images = chunk_stream.images_for(piece.rows // INPUT_DIM)
+        csv.queue(chunk_stream.stream, csv.texts[0], nbytes, images, 0, piece.rows, layout, first_row, trace)
 
     def images(self, chunk_stream: ChunkStream, index: int) -> int:
         piece, csv = self._pieces[index], chunk_stream.csv

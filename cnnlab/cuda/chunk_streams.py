@@ -16,6 +16,7 @@ kernels are queued, and once at the end, `finish(streams)`.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any, Protocol
 
@@ -31,38 +32,71 @@ from cnnlab.errors import DeviceError
 from cnnlab.network import OutputBatch, nonfinite_error
 from cnnlab.tracing import NO_TRACE, Tracer
 
+# The most of the device's free memory the chunk streams' buffers may come to, at their largest: the rest is left to
+# the image and text buffers a file's bytes go straight into (file_buffers.py), and to other processes.
+STREAMS_MEMORY_SHARE = 1 / 4
+
 
 def chunk_stream_bytes(chunk: int, launcher: Launcher, images: bool = True) -> int:
-    """Device memory one chunk stream takes: its images (where it holds them), the activations where the kernels pass
-    them on, its partials."""
+    """Device memory one chunk stream takes at most: its images (where it holds them), the activations where the
+    kernels pass them on, its partials."""
     per_image = IMAGE_BYTES * images + launcher.segments * OUT_LAYER_SIZE * 8
     return chunk * per_image + activation_images(launcher, chunk) * OUT_NEURON_DIM * 8
 
 
-class ChunkStream:
-    """A CUDA stream and the device buffers of one chunk: its images in, the rung's kernels, its partials out. The images'
-    buffer is made now where `images` says chunks will be copied in, else on first need (a run whose images lie in an
-    image buffer already needs none)."""
+class GrowingBuffer:
+    """Memory for `item_bytes`-sized items, made on first need and made anew, larger, where a chunk needs more than
+    it holds (as a caching allocator grows): a stream holds what its largest chunk so far needed, up to `limit` items,
+    not what the largest chunk it may ever get would."""
 
-    def __init__(
-        self, driver: Driver, memory: Allocator, chunk: int, launcher: Launcher, trace: Tracer = NO_TRACE, images: bool = True
-    ) -> None:
-        self.stream = driver.Stream()
+    def __init__(self, make: Callable[[int], Any], free: Callable[[Any], None], limit: int) -> None:
+        self._make, self._free, self._limit = make, free, limit
+        self.held: Any = None
+        self.capacity = 0
+
+    def at_least(self, items: int, stream: Any) -> Any:
+        """The buffer, holding at least `items`; where it grows, once the work queued on `stream` (which may still read
+        the old one) is done."""
+        if items > self.capacity:
+            if self.held is not None:
+                stream.synchronize()
+                self.free()
+            capacity = min(self._limit, max(items, 2 * self.capacity))
+            self.held = self._make(capacity)
+            self.capacity = capacity
+        return self.held
+
+    def free(self) -> None:
+        if self.held is not None:
+            self._free(self.held)
+        self.held, self.capacity = None, 0
+
+
+class ChunkStream:
+    """A CUDA stream and the device buffers of one chunk: its images in, the rung's kernels, its partials out. The
+    images' and activations' buffers (and the page-locked staging buffer) are made on first need, as large as the
+    chunk then needs, and grow with the chunks (GrowingBuffer): a run whose images lie in an image buffer already
+    makes no images' buffer, and a call of four images holds four images' worth."""
+
+    def __init__(self, driver: Driver, memory: Allocator, chunk: int, launcher: Launcher, trace: Tracer = NO_TRACE) -> None:
         self.driver, self.memory, self.chunk, self.trace = driver, memory, chunk, trace
-        self._images = memory.device(chunk * IMAGE_BYTES) if images else None
-        activations = activation_images(launcher, chunk)
-        self.conv_out = memory.device(activations * OUT_NEURON_DIM * 8) if activations else None
-        self.partials = memory.device(launcher.segments * chunk * OUT_LAYER_SIZE * 8)
-        self._staging: np.ndarray | None = None  # page-locked images on their way in, made on first need
+        self.partials = memory.device(launcher.segments * chunk * OUT_LAYER_SIZE * 8)  # its stride is the chunk
+        self._images = GrowingBuffer(lambda count: memory.device(count * IMAGE_BYTES), memory.free, chunk)
+        self._activations = GrowingBuffer(lambda count: memory.device(count * OUT_NEURON_DIM * 8), memory.free, chunk)
+        self._staging = GrowingBuffer(lambda count: memory.host((count, INPUT_DIM, INPUT_DIM)), memory.free, chunk)
+        self.stream = driver.Stream()  # made after the memory: where that fails, no stream is left for the collector
         self._staging_free = driver.Event()  # the last copy out of the staging buffer has finished
         self.csv: CsvParse | None = None  # the GPU CSV parse's buffers, made on first need
 
     @property
     def images(self) -> DeviceAllocation:
-        """The device buffer a chunk's images are copied or parsed into."""
-        if self._images is None:
-            self._images = self.memory.device(self.chunk * IMAGE_BYTES)
-        return self._images
+        """The device buffer the last chunk's images were copied or parsed into (images_for made it)."""
+        assert self._images.held is not None
+        return self._images.held
+
+    def images_for(self, count: int) -> DeviceAllocation:
+        """The device buffer a chunk of `count` images is copied or parsed into."""
+        return self._images.at_least(count, self.stream)
 
     def csv_parse(self, module: Any, nbytes: int) -> CsvParse:
         """The GPU CSV parse's buffers, for a text of at least `nbytes` (made anew, larger, where they are smaller)."""
@@ -74,23 +108,24 @@ class ChunkStream:
         return self.csv
 
     def staging(self, count: int) -> np.ndarray:
-        """The page-locked staging buffer, once the last copy out of it has finished."""
-        if self._staging is None:
-            self._staging = self.memory.host((self.chunk, INPUT_DIM, INPUT_DIM))
+        """The page-locked staging buffer for `count` images, once the last copy out of it has finished."""
         self._staging_free.synchronize()
-        return self._staging[:count]
+        return self._staging.at_least(count, self.stream)[:count]
 
     def copy_in(self, images: np.ndarray) -> None:
         """Queue the copy of page-locked `images` to the stream's device buffer."""
+        target = self.images_for(len(images))
         with self.trace.span("copy in", self.stream, bytes=images.nbytes):
-            self.driver.memcpy_htod_async(self.images, images, self.stream)
+            self.driver.memcpy_htod_async(target, images, self.stream)
         # A slice of the staging buffer has the buffer itself as its base, not the buffer's base (numpy stops
         # collapsing views at an owner that is not an array): ask whether the memory is the staging buffer's.
-        if self._staging is not None and np.may_share_memory(images, self._staging):
+        if self._staging.held is not None and np.may_share_memory(images, self._staging.held):
             self._staging_free.record(self.stream)
 
     def run(self, launcher: Launcher, images: int, count: int) -> None:
-        launcher(self.stream, images, self.conv_out, self.partials, count, self.chunk)
+        activations = activation_images(launcher, count)
+        conv_out = self._activations.at_least(activations, self.stream) if activations else None
+        launcher(self.stream, images, conv_out, self.partials, count, self.chunk)
 
     def copy_out(self, partials: np.ndarray, done: Any) -> None:
         """Copy the chunk's partials to page-locked `partials` and record `done` when they are there."""
@@ -99,9 +134,9 @@ class ChunkStream:
         done.record(self.stream)
 
     def free(self) -> None:
-        for allocation in (self._images, self.conv_out, self.partials, self._staging):
-            if allocation is not None:
-                self.memory.free(allocation)
+        for buffer in (self._images, self._activations, self._staging):
+            buffer.free()
+        self.memory.free(self.partials)
         if self.csv is not None:
             self.csv.free()
 
@@ -162,32 +197,31 @@ class ChunkStreams:
 
     def __init__(
         self, driver: Driver, memory: Allocator, launcher: Launcher, streams: int, chunk: int, cap: int | None,
-        nonfinite: Any, find_nonfinite: FindNonFinite, trace: Tracer = NO_TRACE, images: bool = True,
+        nonfinite: Any, find_nonfinite: FindNonFinite, trace: Tracer = NO_TRACE,
     ) -> None:
-        """`streams` streams of `chunk` images, the chunk halved until their device buffers fit (or fit under `cap` bytes);
-        `nonfinite`: the device flag the kernels set where an image value is a NaN or an infinity; `trace` gets spans of
-        each chunk's copies and kernels on its stream, and of the host's waits and reduction; `images`: chunks' images
-        will be copied in (their buffers made now), not read where they lie (made only where a chunk needs them)."""
+        """`streams` streams of up to `chunk` images, the chunk halved until their buffers at their largest fit under
+        `cap` bytes (None: STREAMS_MEMORY_SHARE of the device's free memory); `nonfinite`: the device flag the kernels
+        set where an image value is a NaN or an infinity; `trace` gets spans of each chunk's copies and kernels on its
+        stream, and of the host's waits and reduction."""
         self._driver, self._memory, self._launcher, self._trace = driver, memory, launcher, trace
         self._nonfinite, self._find_nonfinite = nonfinite, find_nonfinite
         self._host_partials: np.ndarray | None = None  # page-locked (chunks, segments, chunk, 10), grown as needed
         self._chunk_done: list[Any] = []  # an event per chunk: its partials are on the host
         self._batches = 0  # the batches scheduled so far: a stream span names its batch, as chunks count from 0 in each
         self.streams: list[ChunkStream] = []
-        self.chunk = chunk
-        while True:
+        with device_errors("cannot allocate device buffers"):
+            budget = cap if cap is not None else int(driver.mem_get_info()[0] * STREAMS_MEMORY_SHARE)
+            while chunk > 1 and streams * chunk_stream_bytes(chunk, launcher) > budget:
+                chunk //= 2
+            if cap is not None and streams * chunk_stream_bytes(chunk, launcher) > cap:
+                raise DeviceError(f"{streams} streams of one image need more than {cap} bytes")
+            self.chunk = chunk
             try:
-                if cap is not None and streams * chunk_stream_bytes(self.chunk, launcher, images) > cap:
-                    raise DeviceError(f"{streams} streams of {self.chunk} images need more than {cap} bytes")
-                with device_errors("cannot allocate device buffers"):
-                    for _ in range(streams):
-                        self.streams.append(ChunkStream(driver, memory, self.chunk, launcher, trace.per_chunk, images))
-                return
-            except DeviceError:
+                for _ in range(streams):
+                    self.streams.append(ChunkStream(driver, memory, chunk, launcher, trace.per_chunk))
+            except BaseException:
                 self.free()
-                if self.chunk == 1:
-                    raise
-                self.chunk //= 2
+                raise
 
     def __len__(self) -> int:
         return len(self.streams)

@@ -37,15 +37,17 @@ from cnnlab.constants import INPUT_DIM, OUT_LAYER_SIZE
 from cnnlab.cuda import gpus
 from cnnlab.cuda.chunk_sources import CsvTextChunks, HostImages, ResidentImages
 from cnnlab.cuda.chunk_streams import ChunkSource, ChunkStreams, DeviceOutputs
-from cnnlab.cuda.csv_double_buffer import DeviceCsvDoubleBuffer
+from cnnlab.cuda.csv_double_buffer import MIN_PARSE_ROWS, MIN_TEXT_BUFFER_BYTES, DeviceCsvDoubleBuffer, double_buffer_bytes
 from cnnlab.cuda.device_setup import DeviceSetup
 from cnnlab.cuda.driver import (
     DeviceAllocation,
     DriverContext,
     check_device_memory,
+    check_free_memory,
     context_lost,
     device_errors,
     import_driver,
+    retain_context,
     synchronize_stream,
     visible_count,
 )
@@ -68,6 +70,9 @@ DEFAULT_BATCH_IMAGES = 2048  # images per compute() call from host buffers: the 
 DEFAULT_TEXT_BATCH_IMAGES = 256  # images per compute() call of CSV text from host windows, parsed on the device
 TEXT_CHUNKS = 2  # chunks a text batch is dealt in, one a stream, so that one chunk's copy overlaps the other's parse
 CLOSED = "this CudaContext is closed"  # what a call after close() raises (UsageError)
+# The least device memory a run works in besides its context: the smallest CSV double buffer (a file's text parsed on
+# the device), room for the chunk streams' partials and a chunk's activations, and the weights.
+MIN_RUN_BYTES = double_buffer_bytes(MIN_TEXT_BUFFER_BYTES, MIN_PARSE_ROWS) + (4 << 20)
 
 
 @dataclass
@@ -118,10 +123,11 @@ class CudaContext:
         with device_errors("cannot start CUDA"):
             gpu = driver.Device(ordinal)
             # The primary context, as the CUDA runtime uses: other libraries in the process share it.
-            self._context = gpu.retain_primary_context()
-            self._context.push()
+            self._context = retain_context(driver, gpu, device, MIN_RUN_BYTES)
         self._resources.callback(self._detach)
         try:
+            with device_errors("cannot start CUDA"):
+                check_free_memory(driver, gpu, device, MIN_RUN_BYTES)
             self._on_close(self.memory.free_all)  # after everything below: what is still out
             self._resources.callback(self._file_buffers.close)
             self._copier = HostCopier(self.threads)  # host arrays into page-locked staging, on the host threads
@@ -146,7 +152,7 @@ class CudaContext:
             chunk = self.config.chunk_images or math.ceil(self.batch_size / self.config.streams)
             self._streams = ChunkStreams(
                 driver, self.memory, self._launcher, self.config.streams, chunk, self.config.stream_bytes_cap, self.setup.nonfinite,
-                find_nonfinite, trace, images=copier_ahead is None,  # a file's images are read where they lie on the device
+                find_nonfinite, trace,
             )
             self._on_close(self._free_streams)
         except BaseException:

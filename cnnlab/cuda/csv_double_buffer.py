@@ -32,12 +32,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from cnnlab.constants import IMAGE_BYTES, INPUT_DIM
+from cnnlab.constants import IMAGE_BYTES, INPUT_DIM, MIN_ROW_BYTES
 from cnnlab.cuda.csv_parser import CsvParse, field_values, host_spans, scratch_bytes
 from cnnlab.cuda.driver import device_errors
 from cnnlab.cuda.file_copier import Copying, DeviceImageBuffer, FileCopier
 from cnnlab.errors import InputFileError
-from cnnlab.files.lines import Span
+from cnnlab.files.lines import MAX_LINE_BYTES, Span
 from cnnlab.files.rows import Layout, RowPlace, parse_rows
 from cnnlab.tracing import NO_TRACE, Tracer
 
@@ -45,15 +45,27 @@ if TYPE_CHECKING:
     from cnnlab.cuda.driver import Driver
     from cnnlab.cuda.memory import Allocator
 
-TEXT_BUFFER_BYTES = 512 << 20  # a range's text at most (docs/gpu.md, "Sizes")
-MIN_TEXT_BUFFER_BYTES = 4 << 20  # never fewer: a text buffer must hold a line of MAX_LINE_BYTES (1 MiB) and its neighbours
-MIN_ROW_BYTES = 2 * INPUT_DIM  # the shortest row: 100 one-character values, 99 commas and a line end
+TEXT_BUFFER_BYTES = 256 << 20  # a range's text at most (docs/gpu.md, "Sizes")
+MIN_TEXT_BUFFER_BYTES = 4 << 20  # never fewer (but for a smaller file): a text buffer holds a line of MAX_LINE_BYTES and more
 ROW_BYTES = INPUT_DIM * 8
+# The rows a parse takes, over the rows a text buffer of the file's mean row holds: a range of shorter rows than the
+# file's mean is read again in smaller ranges (files/csv_on_device.py), so the image buffers are sized for the file's
+# rows, a tenth of what rows of MIN_ROW_BYTES would need with random values.
+ROW_MARGIN = 1.25
+# The fewest rows a parse takes: a range of (MIN_PARSE_ROWS - 1) * MIN_ROW_BYTES bytes holds a line of MAX_LINE_BYTES,
+# and no more good rows than a parse takes, whatever they hold.
+MIN_PARSE_ROWS = (MAX_LINE_BYTES + 1) // MIN_ROW_BYTES + 3
 
 
-def double_buffer_bytes(text_bytes: int) -> int:
-    """Device memory a CSV double buffer of `text_bytes` text buffers takes: two of text, two of images, the scratch."""
-    rows = max_rows(text_bytes)
+def rows_per_parse(text_bytes: int, row_bytes: float) -> int:
+    """The rows one parse of a text buffer of `text_bytes` takes for a file whose mean row is `row_bytes` long: the rows
+    of such a range with ROW_MARGIN to spare, and never more than it can hold."""
+    return min(max_rows(text_bytes), max(MIN_PARSE_ROWS, math.ceil(text_bytes / row_bytes * ROW_MARGIN)))
+
+
+def double_buffer_bytes(text_bytes: int, rows: int) -> int:
+    """Device memory a CSV double buffer takes: two text buffers of `text_bytes`, two image buffers of `rows` rows and
+    the rows an image left unfinished, the parse's scratch."""
     return 2 * text_bytes + 2 * (rows + INPUT_DIM) * ROW_BYTES + scratch_bytes(text_bytes, rows)
 
 
@@ -67,21 +79,15 @@ class DeviceCsvDoubleBuffer:
     network.CsvDoubleBuffer. Made and freed on the context's thread; the run's reader thread fills and parses them."""
 
     def __init__(
-        self, driver: Driver, memory: Allocator, copier: FileCopier, module: Any, text_bytes: int,
+        self, driver: Driver, memory: Allocator, copier: FileCopier, module: Any, text_bytes: int, rows: int,
         current: Callable[[], AbstractContextManager[None]], release: Callable[[DeviceCsvDoubleBuffer], None], trace: Tracer = NO_TRACE,
     ) -> None:
-        """`current` makes the context current on the reader's thread; `release` gives the buffers' memory back (the
-        context's, which knows whether it still can); `trace` gets a span of each parse on the parse stream."""
+        """`rows`: the most rows one parse takes (rows_per_parse); `current` makes the context current on the reader's
+        thread; `release` gives the buffers' memory back (the context's, which knows whether it still can); `trace` gets
+        a span of each parse on the parse stream."""
         self._driver, self._memory, self._copier, self._release = driver, memory, copier, release
         self._current, self._trace = current, trace
-        self.text_bytes = text_bytes
-        rows = max_rows(text_bytes)
-        no_timing = driver.event_flags.DISABLE_TIMING
-        self._filled = [driver.Event(no_timing) for _ in range(2)]  # a text buffer's copies are on the device
-        self._parsed = [driver.Event(no_timing) for _ in range(2)]  # its parse has read it: it may be filled again
-        for event in self._parsed:
-            event.record()
-        self._stream = driver.Stream()
+        self.text_bytes, self.rows = text_bytes, rows
         self._csv = CsvParse(driver, memory, module, text_bytes, rows, texts=2)
         self.images: list[DeviceImageBuffer] = []
         try:
@@ -90,6 +96,13 @@ class DeviceCsvDoubleBuffer:
         except BaseException:  # what was made goes back: the run may go on without the double buffer
             self._free_memory()
             raise
+        # Streams and events after the memory: where that fails, none is left for the collector to find out of context.
+        no_timing = driver.event_flags.DISABLE_TIMING
+        self._filled = [driver.Event(no_timing) for _ in range(2)]  # a text buffer's copies are on the device
+        self._parsed = [driver.Event(no_timing) for _ in range(2)]  # its parse has read it: it may be filled again
+        for event in self._parsed:
+            event.record()
+        self._stream = driver.Stream()
         self._fills = self._parses = 0
         self._filling: deque[Copying] = deque()  # the fills started and not yet waited for, oldest first
         self._handed = 0  # image buffers handed over with whole images: the next parse's is the other one
@@ -111,6 +124,12 @@ class DeviceCsvDoubleBuffer:
         count: where `stop` is set it says nothing)."""
         return self._filling.popleft().wait()
 
+    def restart(self) -> None:
+        """Wait for the fills under way and drop them: the next fill goes into the text buffer the next parse reads."""
+        while self._filling:
+            self.filled()
+        self._fills = self._parses
+
     def parse(self, nbytes: int, file_row: int, carry: int, separated: bool) -> None:
         """Queue the parse of the oldest filled text buffer's first `nbytes` into the next image buffer, after `carry`
         rows copied from the end of the last image buffer parsed (an image it left unfinished); its first row is the
@@ -127,14 +146,17 @@ class DeviceCsvDoubleBuffer:
             self._csv.queue(stream, self._csv.texts[side], nbytes, images.allocation, carry, None, layout, file_row, self._trace)
             self._parsed[side].record(stream)
 
-    def parsed(self, carry: int, path: str | os.PathLike[str]) -> tuple[int, DeviceImageBuffer] | None:
+    def parsed(self, carry: int, path: str | os.PathLike[str]) -> tuple[int, DeviceImageBuffer | None] | None:
         """Wait for the last parse: the rows it found, and its image buffer, which holds them after the `carry` rows
-        (ready once the values the device left to the host are written in); None where it found a bad row or the file
+        (ready once the values the device left to the host are written in); no buffer where the rows were more than
+        `rows` (nothing is kept: read the range again in smaller ones); None where it found a bad row or the file
         `path`'s text is not what the device read. The rows after the buffer's whole images are the next parse's carry."""
         with self._current():
             with device_errors("cannot parse the file's text on the device"):
                 result = self._csv.result()
                 self._trace.settle(self._stream)
+            if result.lines > self.rows:
+                return result.lines, None
             if result.bad_row is not None:
                 return None
             values = rows = None
@@ -216,13 +238,14 @@ class DeviceCsvDoubleBuffer:
             self._memory.free(buffer.allocation)
 
 
-def text_buffer_bytes(free_bytes: int, fraction: float, wanted: int, round_bytes: int) -> int:
-    """A text buffer's bytes: `wanted`, fewer where the double buffer would take more than `fraction` of `free_bytes`,
-    never fewer than MIN_TEXT_BUFFER_BYTES; whole rounds of the copier's tasks (`round_bytes`: a task for each of its
-    threads) where it holds one, so that its threads end a fill together."""
+def text_buffer_bytes(free_bytes: int, fraction: float, wanted: int, round_bytes: int, row_bytes: float) -> int:
+    """A text buffer's bytes for a file whose mean row is `row_bytes` long: `wanted`, fewer where the double buffer would
+    take more than `fraction` of `free_bytes`, never fewer than MIN_TEXT_BUFFER_BYTES (or `wanted`, where that is less);
+    whole rounds of the copier's tasks (`round_bytes`: a task for each of its threads) where it holds one, so that its
+    threads end a fill together."""
     text = min(wanted, TEXT_BUFFER_BYTES)
-    while text > MIN_TEXT_BUFFER_BYTES and double_buffer_bytes(text) > free_bytes * fraction:
+    while text > MIN_TEXT_BUFFER_BYTES and double_buffer_bytes(text, rows_per_parse(text, row_bytes)) > free_bytes * fraction:
         text //= 2
     if text >= round_bytes:
         text -= text % round_bytes
-    return max(MIN_TEXT_BUFFER_BYTES, math.ceil(text / 16) * 16)
+    return max(min(MIN_TEXT_BUFFER_BYTES, wanted), math.ceil(text / 16) * 16)

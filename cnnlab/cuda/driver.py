@@ -15,8 +15,8 @@ from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from cnnlab.cuda.gpus import number, show_only
-from cnnlab.errors import ArrayError, DeviceError, DeviceLostError, memory_limit_note
+from cnnlab.cuda.gpus import number, nvml_memory, show_only
+from cnnlab.errors import ArrayError, DeviceError, DeviceLostError, byte_size, memory_limit_note
 
 if TYPE_CHECKING:
     from cnnlab.arrays import DeviceArray
@@ -44,6 +44,8 @@ class DriverDevice(Protocol):
     def get_attribute(self, attribute: Any) -> int: ...
 
     def retain_primary_context(self) -> DriverContext: ...
+
+    def pci_bus_id(self) -> str: ...
 
 
 class DeviceAllocation(Protocol):
@@ -189,6 +191,35 @@ def check_device_memory(driver: Driver, array: DeviceArray, what: str, device: i
         ) from None
     if array.address + array.nbytes > int(base) + size:
         raise ArrayError(f"{what} ({array.nbytes} bytes at {array.address:#x}) run past the end of their allocation")
+
+
+def retain_context(driver: Driver, gpu: DriverDevice, number: int, need: int) -> DriverContext:
+    """GPU `gpu`'s primary context (the user's GPU `number`), made current; where the driver has no memory for it, a
+    one-line DeviceError naming the GPU, the memory it has free (NVML's count: no context needed) and `need`, the bytes
+    a run needs besides its context."""
+    try:
+        context = gpu.retain_primary_context()
+    except driver.Error as error:
+        if "out of memory" not in str(error):
+            raise
+        memory = nvml_memory(gpu.pci_bus_id())
+        free = "" if memory is None else f", with {byte_size(memory[0])} of its {byte_size(memory[1])} free"
+        raise DeviceError(
+            f"cannot start CUDA on GPU {number} ({gpu.name()}): no memory for its context{free}; "
+            f"a run needs the context and at least {byte_size(need)} more"
+        ) from None
+    context.push()
+    return context
+
+
+def check_free_memory(driver: Driver, gpu: DriverDevice, number: int, need: int) -> None:
+    """A one-line DeviceError where the current context's GPU has less than `need` bytes free, naming the GPU."""
+    free, total = driver.mem_get_info()
+    if free < need:
+        raise DeviceError(
+            f"GPU {number} ({gpu.name()}) has {byte_size(free)} of its {byte_size(total)} memory free once cnnlab's context is "
+            f"made; a run needs at least {byte_size(need)}"
+        )
 
 
 def import_driver() -> Driver:

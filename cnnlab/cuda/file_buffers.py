@@ -9,8 +9,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, suppress
 from typing import TYPE_CHECKING, Any
 
-from cnnlab.constants import IMAGE_BYTES
-from cnnlab.cuda.csv_double_buffer import TEXT_BUFFER_BYTES, DeviceCsvDoubleBuffer, text_buffer_bytes
+from cnnlab.constants import IMAGE_BYTES, INPUT_DIM
+from cnnlab.cuda.csv_double_buffer import TEXT_BUFFER_BYTES, DeviceCsvDoubleBuffer, rows_per_parse, text_buffer_bytes
 from cnnlab.cuda.driver import context_lost, device_errors
 from cnnlab.cuda.file_copier import DeviceImageBuffer, FileCopier
 from cnnlab.tracing import Tracer
@@ -69,14 +69,17 @@ class FileBuffers:
     def csv_double_buffer(self, file_bytes: int, images: int, module: Any) -> DeviceCsvDoubleBuffer:
         """Text buffers for ranges of a regular CSV file of `file_bytes` holding `images`, parsed by `module`'s kernels:
         TEXT_BUFFER_BYTES (the batch asked for, where one was), no more than the file and than FREE_MEMORY_SHARE of the
-        device's free memory allow."""
-        wanted = TEXT_BUFFER_BYTES if self._batch is None else int(self._batch * file_bytes / images * 1.05)
+        device's free memory allow; its image buffers sized for the file's mean row (rows_per_parse)."""
+        row_bytes = file_bytes / max(1, images * INPUT_DIM)  # the count line and any blank lines included: longer, if anything
+        wanted = TEXT_BUFFER_BYTES if self._batch is None else int(self._batch * file_bytes / max(1, images) * 1.05)
         wanted = min(wanted, file_bytes + 16)  # a range of the whole file at most
         with device_errors("cannot make buffers on the device for the file's text"):
             copier = self.copier(wanted)
-            text_bytes = text_buffer_bytes(self._driver.mem_get_info()[0], FREE_MEMORY_SHARE, wanted, copier.round_bytes)
+            free = self._driver.mem_get_info()[0]
+            text_bytes = text_buffer_bytes(free, FREE_MEMORY_SHARE, wanted, copier.round_bytes, row_bytes)
+            rows = rows_per_parse(text_bytes, row_bytes)
             return DeviceCsvDoubleBuffer(
-                self._driver, self._memory, copier, module, text_bytes, self._current, self._free_double_buffer, self._trace
+                self._driver, self._memory, copier, module, text_bytes, rows, self._current, self._free_double_buffer, self._trace
             )
 
     def _free_image_buffer(self, buffer: DeviceImageBuffer) -> None:

@@ -90,3 +90,24 @@ def machine_count() -> int | None:
         return len(os.listdir("/proc/driver/nvidia/gpus"))
     except OSError:
         return None
+
+
+def nvml_memory(pci_bus_id: str) -> tuple[int, int] | None:
+    """(free, total) bytes of the GPU at `pci_bus_id` (the driver's name for its slot) as NVML counts them, which needs no
+    context: where the driver cannot make one, this says how much memory the GPU has left. None where NVML does not
+    answer."""
+    import ctypes
+
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return None
+    if nvml.nvmlInit_v2() != 0:
+        return None
+    try:
+        handle, memory = ctypes.c_void_p(), (ctypes.c_ulonglong * 3)()  # nvmlMemory_t: total, free, used
+        if nvml.nvmlDeviceGetHandleByPciBusId_v2(pci_bus_id.encode(), ctypes.byref(handle)) or nvml.nvmlDeviceGetMemoryInfo(handle, memory):
+            return None
+        return memory[1], memory[0]
+    finally:
+        nvml.nvmlShutdown()

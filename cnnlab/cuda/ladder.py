@@ -134,7 +134,7 @@ class LaunchConfig:
     dense_threads: int = 256
     conv_blocks: int | None = None  # None: sized to the device
     dense_blocks: int | None = None
-    stream_bytes_cap: int | None = None  # the most device memory the chunk streams may take; None: what is free
+    stream_bytes_cap: int | None = None  # the most device memory the chunk streams may take; None: a share of what is free
 
     def __post_init__(self) -> None:
         if self.kernel not in BY_NAME:

@@ -11,6 +11,7 @@ import ctypes
 import math
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -51,8 +52,12 @@ class Allocator:
     def device(self, nbytes: int) -> DeviceAllocation:
         try:
             allocation = self._driver.mem_alloc(nbytes)
-        except self._driver.Error as error:  # the driver's words, and how much was asked
-            raise type(error)(f"{error} (device memory of {byte_size(nbytes)})") from None
+        except self._driver.Error as error:  # the driver's words, how much was asked, and how much the GPU has free
+            asked = f"device memory of {byte_size(nbytes)}"
+            if "out of memory" in str(error):
+                with suppress(self._driver.Error):
+                    asked += f", with {byte_size(self._driver.mem_get_info()[0])} of the GPU's free"
+            raise type(error)(f"{error} ({asked})") from None
         with self._lock:
             self._device.append(allocation)
         return allocation

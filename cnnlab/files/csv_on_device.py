@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cnnlab.constants import INPUT_DIM
+from cnnlab.constants import INPUT_DIM, MIN_ROW_BYTES
 from cnnlab.errors import InputFileError
 from cnnlab.files.csv_reader import CsvImageReader, blank_before_row, first_error
 from cnnlab.files.lines import LineTooLong, scan_rows
@@ -61,6 +61,7 @@ class CsvRangeReader:
         reader.read_elsewhere = True
         self._fd, self._size = reader.fileno(), reader.size
         self._next = start  # the next range's first byte
+        self._range_bytes = buffers.text_bytes  # a range's bytes at most: fewer once a range held more rows than a parse takes
         self._filled: TextRange | None = None  # a range filled and not yet parsed
         self._filling: deque[TextRange] = deque()  # ranges whose fills are under way, oldest first
         self._started = False
@@ -74,16 +75,17 @@ class CsvRangeReader:
 
     def read(self, stop: threading.Event) -> tuple[ImageBuffer, int] | None:
         """The next whole images: their image buffer and their count; None when the file's N images were all read."""
-        if not self._started:  # both text buffers filled at once, the second's tasks taken as the first's run out
+        if not self._started:
             self._started = True
-            self._start_fill(stop)
-            self._start_fill(stop)
-            self._filled = self._fill(stop)
+            self._begin(stop)
         while self._filled is not None and not stop.is_set():
             parsing = self._filled
             self.buffers.parse(parsing.nbytes, self._rows, self._carry, self._separated)  # while the next range fills
             with self._trace.span("wait for parse", bytes=parsing.nbytes):
                 found = self.buffers.parsed(self._carry, self._reader.path)
+            if found is not None and found[1] is None:  # more rows than a parse takes: read again in smaller ranges
+                self._read_again(parsing, found[0], stop)
+                continue
             if found is None or self._rows + found[0] > self._reader.count * INPUT_DIM:  # a bad row, or rows past N images
                 raise self._error(stop)  # (a fill under way is stopped as the buffers are freed)
             self._start_fill(stop)  # the range after the next, into this range's buffer, queued behind the next's fill
@@ -92,10 +94,30 @@ class CsvRangeReader:
             images, self._carry = divmod(self._carry + rows, INPUT_DIM)
             self._rows += rows
             if images:
+                assert buffer is not None
                 return buffer, images
         if not stop.is_set() and self._rows < self._reader.count * INPUT_DIM:
             raise self._error(stop)  # the file ends before its N images
         return None
+
+    def _begin(self, stop: threading.Event) -> None:
+        """Fill both text buffers at once (the second's tasks taken as the first's run out), and wait for the first."""
+        self._start_fill(stop)
+        self._start_fill(stop)
+        self._filled = self._fill(stop)
+
+    def _read_again(self, taken: TextRange, rows: int, stop: threading.Event) -> None:
+        """`taken` held `rows` rows, more than a parse takes: read it and the rest of the file again, in ranges of the
+        bytes that many rows' worth of parse takes, with an eighth to spare. Ranges too short to hold more rows than a
+        parse takes, whatever the rows, that still hold more, hold rows shorter than a good row: the host's error."""
+        fewest = (self.buffers.rows - 1) * MIN_ROW_BYTES
+        if self._range_bytes <= fewest:
+            raise self._error(stop)
+        self._range_bytes = max(fewest, taken.nbytes * self.buffers.rows // rows * 7 // 8)
+        self.buffers.restart()
+        self._filling.clear()
+        self._next = taken.offset
+        self._begin(stop)
 
     def _start_fill(self, stop: threading.Event) -> None:
         """Cut the next range and start its fill, where the file has one left."""
@@ -108,9 +130,9 @@ class CsvRangeReader:
         if self._next >= self._size:
             return None
         rest = self._size - self._next
-        if rest > self.buffers.text_bytes:
-            end = self._cut(self._next + self.buffers.text_bytes)
-        else:  # the file's rest fits a text buffer: a small range of it last, where it is more than two such
+        if rest > self._range_bytes:
+            end = self._cut(self._next + self._range_bytes)
+        else:  # the file's rest fits a range: a small range of it last, where it is more than two such
             end = self._size if rest <= 2 * LAST_RANGE_BYTES else self._cut(self._size - LAST_RANGE_BYTES)
         taken, self._next = TextRange(self._next, end - self._next), end
         return taken
