@@ -49,7 +49,9 @@
 #             ratios, peak GPU memory (tools/against.py)
 #   sizes     the 30,000-image CSV loop at several TEXT_BUFFER_BYTES and the 200,000-image .npy loop at several
 #             DEFAULT_BUFFER_IMAGES (tools/with_sizes.py), five turns, then the default data and 3,000 CSV images: loop
-#             seconds and peak GPU memory above the level before
+#             seconds and peak GPU memory above the level before (TURNS, TEXT_SIZES and IMAGE_SIZES choose others)
+#   csvwalls  cuda against cpu on CSV files of 10,000, 15,000 and 30,000 images, whole processes in turns
+#             (tools/paired_wall.py, five pairs each)
 #   account   where each run's GPU memory goes (tools/gpu_memory.py): the default data, 3,000 and 30,000 CSV images and
 #             200,000 .npy images; then the same runs on a shared GPU, another process holding all but 1,000, 700
 #             and 300 MB (tests/gpu_memory_holder.py): status, stderr's lines, outputs against cpu's
@@ -345,16 +347,25 @@ PY
 print(f'{sys.argv[3]:<44} loop {f[\"loop_seconds\"]:.3f} s, start-up {f[\"startup_seconds\"]:.3f} s, peak GPU memory {peak - int(sys.argv[4]):,} MiB above the level before')" \
             "$WORK/sizes.json" "$WORK/memory.log" "$1" "$before"
         }
-        for turn in 1 2 3 4 5; do
-          for text in 64M 128M 192M 256M 512M; do
+        for turn in $(seq "${TURNS:-5}"); do
+          for text in ${TEXT_SIZES:-64M 128M 192M 256M 512M}; do
             sampled "30,000 CSV, TEXT_BUFFER_BYTES=$text" python3 tools/with_sizes.py TEXT_BUFFER_BYTES=$text -- cuda "$WORK/job/cnn.csv" "$WORK/job/in30k.csv" "$WORK/sizes.csv"
           done
-          for images in 2048 4096 6144 8192 16384; do
+          for images in ${IMAGE_SIZES:-2048 4096 6144 8192 16384}; do
             sampled "200,000 .npy, DEFAULT_BUFFER_IMAGES=$images" python3 tools/with_sizes.py DEFAULT_BUFFER_IMAGES=$images -- cuda "$WORK/job/cnn.csv" "$WORK/job/in200k.npy" "$WORK/sizes.npy"
           done
         done
         for input in data/in.csv "$WORK/job/in3k.csv"; do sampled "$(basename "$input"), as committed" cnnlab cuda data/cnn.csv "$input" "$WORK/sizes.csv"; done
       } 2>&1 | tee "$OUT/sizes.log" || status=1 ;;
+    csvwalls)
+      job30k
+      [ -f "$WORK/job15k/in.csv" ] || cnnlab generate --images 15000 --seed 15 --out-dir "$WORK/job15k"
+      cat "$WORK/job15k/in.csv" > /dev/null
+      for input in "$WORK/job/in.csv" "$WORK/job15k/in.csv" "$WORK/job/in30k.csv"; do
+        echo "-- $(head -n 1 "$input") CSV images: A cuda, B cpu"
+        python3 tools/paired_wall.py --pairs 5 --settle 0.5 --a "python3 -m cnnlab cuda $WORK/job/cnn.csv $input $WORK/walls.csv" \
+          --b "python3 -m cnnlab cpu $WORK/job/cnn.csv $input $WORK/walls.csv"
+      done 2>&1 | tee "$OUT/csvwalls.log" || status=1 ;;
     account)
       job3k; npy200k
       {
