@@ -19,7 +19,6 @@ from helpers import assert_one_line_error, cnnlab, cpu_outputs, random_cnn, why_
 from cnnlab.backend import Batch, DeviceBatch, TextBatching
 from cnnlab.constants import IMAGE_BYTES, INPUT_DIM
 from cnnlab.cpu.backend import CpuBackend
-from cnnlab.cuda.file_copier import TAIL_CUTS, task_spans
 from cnnlab.cuda.multi_gpu import MultiGpuBackend
 from cnnlab.errors import DeviceError, InputFileError
 from cnnlab.files.csv_batch import CsvBatch
@@ -312,15 +311,3 @@ def test_a_backend_that_parses_csv_itself_runs_with_no_image_buffers(tmp_path: P
         stats = run_network(backend, path, tmp_path / "out.npy")
     assert stats.images == 37 and stats.batch_size == 16
     assert np.array_equal(np.load(tmp_path / "out.npy").view(np.uint64), cpu_outputs(cnn, images).view(np.uint64))
-
-
-@pytest.mark.parametrize("nbytes", [0, 1, 4095, 4096 * 12, 4096 * 12 + 1, 10**6 + 7])
-def test_a_copy_s_tasks_cover_it_once_in_order_the_last_round_in_smaller_ones(nbytes: int) -> None:
-    """The file copier's tasks (4 KB here, 12 threads): every byte once, in order, none over a task; the last round's
-    (a task for each thread) a quarter task, so that the threads end the copy close together."""
-    task, round_ = 4096, 12 * 4096
-    spans = list(task_spans(nbytes, task, round_))
-    assert [at for at, _ in spans] == list(np.cumsum([0] + [size for _, size in spans])[:-1])
-    assert sum(size for _, size in spans) == nbytes and all(0 < size <= task for _, size in spans)
-    tail = [size for at, size in spans if at >= max(0, nbytes - round_)]
-    assert max(tail, default=0) <= task // TAIL_CUTS and sum(tail) == min(nbytes, round_)

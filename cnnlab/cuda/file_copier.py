@@ -40,7 +40,6 @@ if TYPE_CHECKING:
     from cnnlab.cuda.memory import Allocator
 
 MAX_THREADS = 12  # the most copy threads (measured against 8 and 16 on 16 cores); each costs two staging buffers
-TAIL_CUTS = 4  # the last round's tasks are cut in this many (task_spans)
 IN_FLIGHT = 2  # copies under way at once: a thread done with one copy's tasks takes the next copy's at once
 
 
@@ -138,10 +137,10 @@ class FileCopier:
     def start(self, fd: int, offset: int, nbytes: int, address: int, ready: Any, stop: threading.Event) -> Copying:
         """Start a copy(): its threads read and copy while the caller does other work, and its Copying's wait() ends it
         as copy() does. Up to IN_FLIGHT copies are under way at once: a start() past them waits for the oldest's wait()."""
-        tasks = iter(task_spans(nbytes, self.task_bytes, self.round_bytes))
+        tasks = iter(range(0, nbytes, self.task_bytes))
         taking, halt = threading.Lock(), threading.Event()  # halt: a thread failed, or Copying.stop()
 
-        def next_task() -> Iterator[tuple[int, int]]:
+        def next_task() -> Iterator[int]:
             while not (stop.is_set() or halt.is_set()):
                 with taking:
                     at = next(tasks, None)
@@ -177,7 +176,7 @@ class FileCopier:
         finally:
             self._under_way.release()
 
-    def _drain(self, tasks: Iterator[tuple[int, int]], copy: _Copy, halt: threading.Event) -> tuple[int, Any]:
+    def _drain(self, tasks: Iterator[int], copy: _Copy, halt: threading.Event) -> tuple[int, Any]:
         """Take tasks, with a pair no other drain holds, until none are left or the file ends: where it ended (the
         offset of the first byte missing), else `nbytes`, and the event recorded after the last task's copy. A failure
         sets `halt`, so that the others take no more."""
@@ -185,10 +184,11 @@ class FileCopier:
         pair = self._free.get()  # never waits: a drain a thread, and a pair a thread
         try:
             with self._current(), device_errors("cannot copy the file's images to the device"):
-                for turn, (at, wanted) in enumerate(tasks):
+                for turn, at in enumerate(tasks):
                     side = turn % 2
                     buffer = pair.buffers[side]
                     pair.copied[side].synchronize()  # this buffer's last copy has left it
+                    wanted = min(self.task_bytes, copy.nbytes - at)
                     got = os.preadv(copy.fd, [buffer[:wanted].data], copy.offset + at)
                     if got:
                         self._driver.memcpy_htod_async(copy.address + at, buffer[:got], pair.stream)
@@ -212,18 +212,6 @@ class FileCopier:
     def close(self) -> None:
         """Stop the threads (the buffers go with the context's memory)."""
         self._pool.shutdown()
-
-
-def task_spans(nbytes: int, task_bytes: int, round_bytes: int) -> Iterator[tuple[int, int]]:
-    """(offset, bytes) of each task of a copy of `nbytes`: `task_bytes` each, but for the last round's (`round_bytes`, a
-    task a thread), cut in TAIL_CUTS: the threads then end the copy within a quarter task of each other, not a task,
-    while the next copy waits for the last of them."""
-    tail = max(0, nbytes - round_bytes)
-    for at in range(0, tail, task_bytes):
-        yield at, min(task_bytes, tail - at)
-    step = max(1, -(-task_bytes // TAIL_CUTS))
-    for at in range(tail, nbytes, step):
-        yield at, min(step, nbytes - at)
 
 
 class DeviceImageBuffer:
