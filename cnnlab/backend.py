@@ -54,6 +54,11 @@ class Backend(Protocol):
     reads_in_place: bool  # compute() reads any host memory as fast as its own buffers: a mapped file's images go in place
 
     @property
+    def peak_device_bytes(self) -> int:
+        """The most device memory its buffers held at once so far (0: no device)."""
+        ...
+
+    @property
     def batch_size(self) -> int | None:
         """Images per compute() call that suit this backend; None: the reader's step, which suits it."""
         ...

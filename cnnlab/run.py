@@ -42,6 +42,7 @@ class RunStats:
     loop_seconds: float  # the whole loop: reading, computing and writing, as they overlap
     batch_size: int
     startup_seconds: float | None  # from the process's start to its first batch handed to the backend
+    device_bytes: int = 0  # the most device memory the backend's buffers held at once (its driver context's own aside)
 
     @property
     def work_microseconds(self) -> int:
@@ -264,7 +265,7 @@ def run_network(
         progress.finish()
         source.free()
         reader.finish()
-    return RunStats(reader.count, work_seconds, loop_seconds, source.batch_size, startup_seconds)
+    return RunStats(reader.count, work_seconds, loop_seconds, source.batch_size, startup_seconds, backend.peak_device_bytes)
 
 
 def _non_finite_image(input_path: str | os.PathLike, batch: Batch, first_image: int) -> InputFileError:

@@ -17,7 +17,7 @@ from cnnlab.bench import startup
 from cnnlab.bench.gpu import npy_file_rate, npy_in_page_cache
 from cnnlab.bench.gpus import at_once
 from cnnlab.bench.peers import run_peers
-from cnnlab.bench.report import BenchOptions, BenchReport, Figure, format_table, ratios
+from cnnlab.bench.report import API_IMAGES, BenchOptions, BenchReport, Figure, format_table, ratios
 from cnnlab.bench.startup import driver_starts
 from cnnlab.cpu.backend import CPU_ISAS, ISA_VARIABLE, CpuBackend, Forward
 from cnnlab.cuda.gpus import VISIBLE, machine_count
@@ -320,3 +320,19 @@ def test_bench_startup_rows_time_whole_processes_beside_the_floor(tmp_path: Path
             assert not several
     else:
         assert names == [cpu["name"]] and "start-up floor not measured" in result.stdout
+
+
+@pytest.mark.gpu_if_present
+def test_the_api_rows_put_the_one_liner_and_the_cpu_beside_the_kept_context(tmp_path: Path) -> None:
+    """`--rows api`: at each size, forward(device="cuda") after its first call and the CPU's forward as multiples of a
+    CudaContext made beforehand, the one-liner's outputs checked against the CPU's; without a GPU, a note saying why."""
+    result = cnnlab("bench", "--rows", "api", "--repeats", "2", "--json", tmp_path / "b.json")
+    assert result.returncode == 0, result.stderr
+    figures = json.loads((tmp_path / "b.json").read_text())["figures"]
+    if not figures:
+        assert "api rows not run" in result.stdout
+        return
+    assert [row["bound"] for row in figures] == [bound for count in API_IMAGES for bound in (None, f"context-{count}", f"context-{count}")]
+    one_liners = [row for row in figures if "device='cuda'" in row["name"]]
+    assert [row["check"] for row in one_liners] == ["within rule"] * len(API_IMAGES)
+    assert all(row["of_bound"] > 0 for row in figures if row["bound"]) and "x context-1000" in result.stdout

@@ -53,6 +53,7 @@ def test_cpu_on_generated_files_matches_backend_and_writes_timing_json(tmp_path:
     assert read_outputs(tmp_path / "o" / "out.csv") == want
     figures = json.loads((tmp_path / "t.json").read_text())
     assert figures["images"] == 5 and figures["batch_size"] == 2 and figures["mode"] == "cpu"
+    assert figures["device_memory_bytes"] == 0
     assert figures["work_microseconds"] == int(result.stdout.split()[0])
     assert figures["images_per_second"] == pytest.approx(5 / figures["work_seconds"])
 

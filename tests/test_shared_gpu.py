@@ -5,6 +5,7 @@ one line names the GPU's free memory. An allocation that fails inside a run is o
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -54,6 +55,17 @@ def test_a_run_with_little_gpu_memory_free_completes_in_silence(
         result = cnnlab("cuda", cnn_path, input_path, tmp_path / f"out.{extension}")
     assert (result.returncode, result.stderr) == (0, ""), (left, result.stderr)
     assert_within_rule(np.array(read_outputs(tmp_path / f"out.{extension}")), cpu_outputs(cnn, images), cnn, images)
+
+
+def test_the_default_data_takes_device_memory_in_proportion(tmp_path: Path) -> None:
+    """The lab's four images: the run's buffers hold at most 64 MiB of device memory at once (--timing-json's figure,
+    its driver context's own aside), and the outputs are the lab's."""
+    result = cnnlab("cuda", helpers.ROOT / "data" / "cnn.csv", helpers.ROOT / "data" / "in.csv", tmp_path / "out.csv",
+                    "--timing-json", tmp_path / "t.json")  # fmt: skip
+    assert (result.returncode, result.stderr) == (0, "")
+    assert 0 < json.loads((tmp_path / "t.json").read_text())["device_memory_bytes"] <= 64 << 20
+    expected = np.array(read_outputs(helpers.ROOT / "data" / "out.csv"))
+    assert np.allclose(np.array(read_outputs(tmp_path / "out.csv")), expected, rtol=1e-9, atol=0)
 
 
 def test_a_gpu_without_memory_for_a_context_is_one_line_naming_its_free_memory(tmp_path: Path, rng: np.random.Generator) -> None:

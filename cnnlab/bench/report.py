@@ -19,9 +19,11 @@ from cnnlab.errors import UsageError
 from cnnlab.files.safety import AtomicOutput
 from cnnlab.resources import install_command
 
-ROWS = ("cpu", "reader", "csv", "startup", "lab", "pinned", "npy", "resident", "bounds", "gpus", "kernels", "peers")
+ROWS = ("cpu", "reader", "csv", "startup", "lab", "pinned", "npy", "resident", "bounds", "api", "gpus", "kernels", "peers")
 GPU_ROWS = ("lab", "pinned", "npy", "resident", "bounds")  # one CudaContext's (the gpus rows need the driver alone)
-REFERENCES = ("loadtxt", "from_chars-1", "from_chars")  # keys of figures that others are multiples of: a peer's speed, not a hardware bound
+API_IMAGES = (100, 1000, 10000)  # the api rows' sizes: a notebook's call, small to large
+# Keys of figures that others are multiples of: a peer's speed, or the API's kept context, not a hardware bound.
+REFERENCES = ("loadtxt", "from_chars-1", "from_chars", *(f"context-{count}" for count in API_IMAGES))
 LADDER_ROWS = ("kernels", "peers")  # shown in the ladder's own table
 D2D_BOUND = "d2d"  # the key of the one device-to-device bound: the resident row, the ladder's rungs and their peers are shares of it
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from cnnlab.bench.api import bench_api
 from cnnlab.bench.cpu import bench_cpu
 from cnnlab.bench.gpu import bench_cuda, bench_gpus, bench_kernels
 from cnnlab.bench.peers import FRAMEWORKS, run_peers
@@ -62,6 +63,8 @@ def run_bench(options: BenchOptions, seed: int | None = None) -> BenchReport:
         parts.append(("startup", measure_startup, ()))
     if set(GPU_ROWS) & set(options.rows) or options.sweep:
         parts.append(("cuda", lambda: bench_cuda(cnn, options, rng, report), (CnnlabError,)))
+    if "api" in options.rows:
+        parts.append(("api", lambda: bench_api(cnn, options, rng), (CnnlabError,)))
     if "gpus" in options.rows:
         parts.append(("gpus", lambda: bench_gpus(options, report), (CnnlabError,)))
     if "kernels" in options.rows:

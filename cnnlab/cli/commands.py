@@ -142,6 +142,7 @@ def timing_figures(mode: str, device: str, stats: RunStats) -> dict[str, Any]:
         "loop_seconds": stats.loop_seconds,
         "loop_images_per_second": stats.images / stats.loop_seconds,
         "startup_seconds": stats.startup_seconds,
+        "device_memory_bytes": stats.device_bytes,
     }
 
 

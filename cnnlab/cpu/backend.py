@@ -59,6 +59,7 @@ class CpuBackend(HostMemory):
 
     name = "cpu"
     csv_text = None  # CSV is parsed by the reader, into allocate_images' buffers (its text in HostMemory's windows)
+    peak_device_bytes = 0  # no device
     reads_in_place = True  # a .npy file's images are read where the file is mapped: no copy at all
 
     def __init__(self, cnn: Cnn, batch_size: int | None = None, threads: int | None = None) -> None:

@@ -169,6 +169,11 @@ class CudaContext:
         return TextBatching(batch, min(self.chunk_images, math.ceil(batch / chunks)))
 
     @property
+    def peak_device_bytes(self) -> int:
+        """The most device memory this context's buffers held at once so far (its driver context's own aside)."""
+        return self.memory.peak_device_bytes
+
+    @property
     def chunk_images(self) -> int:
         """Images per chunk: the configured size, or less where device memory did not hold it."""
         return self._open_streams.chunk

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from cnnlab.cuda.driver import Driver
     from cnnlab.cuda.memory import Allocator
 
-DEFAULT_BUFFER_IMAGES = 16384  # images an image buffer holds (two a run; docs/gpu.md, "Sizes")
+DEFAULT_BUFFER_IMAGES = 6144  # images an image buffer holds (two a run; docs/gpu.md, "Sizes")
 FREE_MEMORY_SHARE = 1 / 8  # the most of the device's free memory one image buffer, or a CSV double buffer, takes
 
 # `free()` run with the context current (on any thread), unless it is lost: the context's _unless_lost.

@@ -46,8 +46,9 @@ class Allocator:
     def __init__(self, driver: Driver) -> None:
         self._driver = driver
         self._lock = threading.Lock()
-        self._device: list[DeviceAllocation] = []
+        self._device: dict[int, tuple[DeviceAllocation, int]] = {}  # by address: the allocation and its bytes
         self._host: list[np.ndarray] = []
+        self.device_bytes = self.peak_device_bytes = 0  # device memory out, and the most that was out at once
 
     def device(self, nbytes: int) -> DeviceAllocation:
         try:
@@ -59,7 +60,9 @@ class Allocator:
                     asked += f", with {byte_size(self._driver.mem_get_info()[0])} of the GPU's free"
             raise type(error)(f"{error} ({asked})") from None
         with self._lock:
-            self._device.append(allocation)
+            self._device[int(allocation)] = allocation, nbytes
+            self.device_bytes += nbytes
+            self.peak_device_bytes = max(self.peak_device_bytes, self.device_bytes)
         return allocation
 
     def host(self, shape: tuple[int, ...] | int, dtype: Any = np.float64) -> np.ndarray:
@@ -87,8 +90,9 @@ class Allocator:
         with self._lock:
             if isinstance(allocation, np.ndarray):
                 self._host = [buffer for buffer in self._host if buffer is not allocation]
-            else:
-                self._device = [held for held in self._device if held is not allocation]
+            elif (held := self._device.get(int(allocation))) is not None and held[0] is allocation:
+                del self._device[int(allocation)]
+                self.device_bytes -= held[1]
         if not isinstance(allocation, np.ndarray):
             allocation.free()
         elif allocation.nbytes:  # the pages are unmapped once the last array on them is gone
@@ -102,7 +106,7 @@ class Allocator:
         checked(getattr(ctypes.CDLL("libcuda.so.1"), name)(*args), name, self._driver.Error)
 
     def free_all(self) -> None:
-        allocations: list[DeviceAllocation | np.ndarray] = [*self._device, *self._host]
+        allocations: list[DeviceAllocation | np.ndarray] = [held for held, _ in self._device.values()] + self._host
         for allocation in allocations:
             self.free(allocation)
 

@@ -49,6 +49,11 @@ class MultiGpuBackend:
         self.csv_text = None if text is None else TextBatching(text.batch_images * len(self._backends), text.chunk_images)
         self.reads_in_place = first.reads_in_place
 
+    @property
+    def peak_device_bytes(self) -> int:
+        """The GPUs' peaks, added up (each GPU's own is its backend's)."""
+        return sum(backend.peak_device_bytes for backend in self._backends)
+
     def allocate_images(self, count: int) -> np.ndarray:
         """A buffer the first GPU allocates on its thread: page-locked and portable, so every GPU copies from it."""
         return self._owners[0].call(lambda backend: backend.allocate_images(count))
