@@ -217,7 +217,7 @@ def make_backend(
 
 def run_network(
     backend: Backend, input_path: str | os.PathLike, output_path: str | os.PathLike, read_ahead: bool = True,
-    together: OutputSet | None = None, trace: Tracer = NO_TRACE,
+    together: OutputSet | None = None, trace: Tracer = NO_TRACE, process_ends: bool = False,
 ) -> RunStats:
     """Compute the outputs of every image in `input_path` and write them to `output_path` (where `together` is given, one
     of that set of outputs, placed with the others at the end of its `with` block); the loop, its reader and each
@@ -227,6 +227,8 @@ def run_network(
     GPU), a .npy file straight to its device memory or mapped in place, anything else into its host buffers. Without
     `read_ahead` the reader has one slot, so it reads a batch only while nothing computes, and the outputs are written
     on this thread: slower, but the timed work then has the machine to itself, as in the lab's program.
+    `process_ends`: the process ends once this returns (the command line), so a run that succeeds leaves the input's
+    device buffers to the process's end (cuda/teardown.py), as it leaves its backend, rather than free them first.
     """
     with (
         open_images(input_path, backend if backend.csv_text else None, backend.threads, trace) as reader,
@@ -263,7 +265,8 @@ def run_network(
                 progress.finish()
             raise
         progress.finish()
-        source.free()
+        if not process_ends:
+            source.free()
         reader.finish()
     return RunStats(reader.count, work_seconds, loop_seconds, source.batch_size, startup_seconds, backend.peak_device_bytes)
 

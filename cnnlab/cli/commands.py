@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         backend = make_backend(args.mode, cnn, args.batch, args.host_parse, args.kernel, args.threads, gpus, trace, copier_ahead)
         with closed_on_failure(backend) if args.process_ends else backend:
             interrupts.raise_if_received()  # the backend's modules were imported just now
-            stats = run_network(backend, input_path, output_path, args.read_ahead, together, trace)
+            stats = run_network(backend, input_path, output_path, args.read_ahead, together, trace, args.process_ends)
             device = backend.device
         if args.timing_json is not None:
             with AtomicOutput(args.timing_json, together=together) as out:
