@@ -181,7 +181,8 @@ def format_table(report: BenchReport) -> str:
         lines.append(
             "relative to: a share of the bound the row names (memory: reading the images once; h2d, d2d: the copy bounds; "
             "read, h2d-text: the CSV bounds), or a multiple of a reference (loadtxt: numpy.loadtxt on the same file's first "
-            "images; from_chars-1, from_chars: std::from_chars on the same text, one thread and the run's)"
+            "images; from_chars-1, from_chars: std::from_chars on the same text, one thread and the run's; context-N: "
+            "CudaContext.forward on N images, the context made beforehand)"
         )
     if report.startup:
         floor = report.startup[0].seconds if report.startup[0].name.startswith("floor") else None
