@@ -6,6 +6,7 @@ csv.cu's kernels; on a GPU, cuda mode on the same files against cpu mode.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from pathlib import Path
@@ -281,3 +282,32 @@ def test_cuda_mode_on_csv_gives_cpu_mode_s_outputs(tmp_path: Path, rng: np.rando
     want = assert_one_line_error(cnnlab("cpu", cnn_path, input_path, tmp_path / "cpu.csv"))
     assert "longer than" in want
     assert assert_one_line_error(cnnlab("cuda", cnn_path, input_path, tmp_path / "bad.csv", *options)) == want
+
+
+@pytest.mark.parametrize(
+    "file_bytes, images, batch, want",
+    [
+        (2 * 10**9, 10_000, None, 256 << 20),  # the default: TEXT_BUFFER_BYTES
+        (2 * 10**9, 10_000, 1, 4 << 20),  # a batch of one image: never less than a line of MAX_LINE_BYTES and more needs
+        (2 * 10**9, 10_000, 100, int(100 * 200_000 * 1.05)),  # a batch's text, with a twentieth to spare
+        (750_638, 4, None, 750_654),  # the default data: the whole file and no more
+        (750_638, 4, 1, 750_654),
+    ],
+)
+def test_a_text_buffer_holds_a_batch_s_text_a_long_line_and_never_more_than_the_file(
+    file_bytes: int, images: int, batch: int | None, want: int
+) -> None:
+    from cnnlab.cuda.csv_double_buffer import wanted_text_bytes
+
+    assert wanted_text_bytes(file_bytes, images, batch) == want
+
+
+def test_a_parse_takes_the_rows_of_the_file_s_mean_row_with_a_quarter_to_spare() -> None:
+    """Image buffers for the file's rows (~1,900 bytes of random values), not for rows of 200 bytes; never fewer rows
+    than a range of the shortest rows holding a line of MAX_LINE_BYTES has, nor more than the text can hold."""
+    from cnnlab.cuda.csv_double_buffer import MIN_PARSE_ROWS, max_rows, rows_per_parse
+
+    assert rows_per_parse(256 << 20, 1900) == math.ceil((256 << 20) * 1.25 / 1900)
+    assert rows_per_parse(256 << 20, 1900) < max_rows(256 << 20) // 7
+    assert rows_per_parse(4 << 20, 1900) == MIN_PARSE_ROWS and (MIN_PARSE_ROWS - 1) * 200 > MAX_LINE_BYTES + 1
+    assert rows_per_parse(750_654, 1877) == max_rows(750_654)

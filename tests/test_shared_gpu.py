@@ -114,7 +114,7 @@ def test_an_allocation_that_fails_inside_a_run_is_one_line_and_leaves_no_output(
         capture_output=True, text=True, env=helpers.SUBPROCESS_ENV, timeout=120,
     )
     if result.returncode == 0:
-        assert result.stderr == ""
+        assert failing > 1 and result.stderr == ""  # the first allocation (the weights') is always the run's
         assert_within_rule(np.array(read_outputs(output)), cpu_outputs(cnn, images), cnn, images)
     else:
         assert "out of memory" in assert_one_line_error(result)

@@ -55,8 +55,9 @@ class GrowingBuffer:
         self.capacity = 0
 
     def at_least(self, items: int, stream: Any) -> Any:
-        """The buffer, holding at least `items`; where it grows, once the work queued on `stream` (which may still read
-        the old one) is done."""
+        """The buffer, holding at least `items` (at most the limit); where it grows, once the work queued on `stream`
+        (which may still read the old one) is done."""
+        assert 0 < items <= self._limit, f"{items} items for a buffer of {self._limit} at most"
         if items > self.capacity:
             if self.held is not None:
                 stream.synchronize()
@@ -82,10 +83,18 @@ class ChunkStream:
         self.driver, self.memory, self.chunk, self.trace = driver, memory, chunk, trace
         self.partials = memory.device(launcher.segments * chunk * OUT_LAYER_SIZE * 8)  # its stride is the chunk
         self._images = GrowingBuffer(lambda count: memory.device(count * IMAGE_BYTES), memory.free, chunk)
-        self._activations = GrowingBuffer(lambda count: memory.device(count * OUT_NEURON_DIM * 8), memory.free, chunk)
+        activations = activation_images(launcher, chunk)
+        self._activations = GrowingBuffer(lambda count: memory.device(count * OUT_NEURON_DIM * 8), memory.free, activations)
         self._staging = GrowingBuffer(lambda count: memory.host((count, INPUT_DIM, INPUT_DIM)), memory.free, chunk)
-        self.stream = driver.Stream()  # made after the memory: where that fails, no stream is left for the collector
-        self._staging_free = driver.Event()  # the last copy out of the staging buffer has finished
+        # The stream and the event after the memory, and dropped here where one fails: none is left for the collector
+        # to find once the context is no longer current (PyCUDA would warn).
+        try:
+            self.stream = driver.Stream()
+            self._staging_free = driver.Event()  # the last copy out of the staging buffer has finished
+        except BaseException:
+            self.stream = None
+            memory.free(self.partials)
+            raise
         self.csv: CsvParse | None = None  # the GPU CSV parse's buffers, made on first need
 
     @property
@@ -199,8 +208,8 @@ class ChunkStreams:
         self, driver: Driver, memory: Allocator, launcher: Launcher, streams: int, chunk: int, cap: int | None,
         nonfinite: Any, find_nonfinite: FindNonFinite, trace: Tracer = NO_TRACE,
     ) -> None:
-        """`streams` streams of up to `chunk` images, the chunk halved until their buffers at their largest fit under
-        `cap` bytes (None: STREAMS_MEMORY_SHARE of the device's free memory); `nonfinite`: the device flag the kernels
+        """`streams` streams of up to `chunk` images, the chunk halved until their buffers at their largest fit in
+        STREAMS_MEMORY_SHARE of the device's free memory, and under `cap` bytes where it is given; `nonfinite`: the device flag the kernels
         set where an image value is a NaN or an infinity; `trace` gets spans of each chunk's copies and kernels on its
         stream, and of the host's waits and reduction."""
         self._driver, self._memory, self._launcher, self._trace = driver, memory, launcher, trace
@@ -210,7 +219,8 @@ class ChunkStreams:
         self._batches = 0  # the batches scheduled so far: a stream span names its batch, as chunks count from 0 in each
         self.streams: list[ChunkStream] = []
         with device_errors("cannot allocate device buffers"):
-            budget = cap if cap is not None else int(driver.mem_get_info()[0] * STREAMS_MEMORY_SHARE)
+            budget = int(driver.mem_get_info()[0] * STREAMS_MEMORY_SHARE)
+            budget = budget if cap is None else min(cap, budget)
             while chunk > 1 and streams * chunk_stream_bytes(chunk, launcher) > budget:
                 chunk //= 2
             if cap is not None and streams * chunk_stream_bytes(chunk, launcher) > cap:

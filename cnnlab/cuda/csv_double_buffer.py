@@ -93,16 +93,20 @@ class DeviceCsvDoubleBuffer:
         try:
             for _ in range(2):
                 self.images.append(DeviceImageBuffer(memory.device((rows + INPUT_DIM) * ROW_BYTES), rows // INPUT_DIM + 1, driver, copier))
-        except BaseException:  # what was made goes back: the run may go on without the double buffer
-            self._free_memory()
+        except BaseException:  # what was made goes back (the events too): the run may go on without the double buffer
+            self.close()
             raise
         # Streams and events after the memory: where that fails, none is left for the collector to find out of context.
         no_timing = driver.event_flags.DISABLE_TIMING
-        self._filled = [driver.Event(no_timing) for _ in range(2)]  # a text buffer's copies are on the device
-        self._parsed = [driver.Event(no_timing) for _ in range(2)]  # its parse has read it: it may be filled again
-        for event in self._parsed:
-            event.record()
-        self._stream = driver.Stream()
+        try:
+            self._filled = [driver.Event(no_timing) for _ in range(2)]  # a text buffer's copies are on the device
+            self._parsed = [driver.Event(no_timing) for _ in range(2)]  # its parse has read it: it may be filled again
+            for event in self._parsed:
+                event.record()
+            self._stream = driver.Stream()
+        except BaseException:
+            self.close()
+            raise
         self._fills = self._parses = 0
         self._filling: deque[Copying] = deque()  # the fills started and not yet waited for, oldest first
         self._handed = 0  # image buffers handed over with whole images: the next parse's is the other one
@@ -125,9 +129,13 @@ class DeviceCsvDoubleBuffer:
         return self._filling.popleft().wait()
 
     def restart(self) -> None:
-        """Wait for the fills under way and drop them: the next fill goes into the text buffer the next parse reads."""
+        """Wait for the fills under way, their copies on the device too (a new fill's copies, on other threads' streams,
+        must land after them), and drop them: the next fill goes into the text buffer the next parse reads."""
         while self._filling:
             self.filled()
+        with self._current(), device_errors("cannot copy the file's text to the device"):
+            for event in self._filled:
+                event.synchronize()
         self._fills = self._parses
 
     def parse(self, nbytes: int, file_row: int, carry: int, separated: bool) -> None:
@@ -236,6 +244,14 @@ class DeviceCsvDoubleBuffer:
         self._csv.free()
         for buffer in self.images:
             self._memory.free(buffer.allocation)
+
+
+def wanted_text_bytes(file_bytes: int, images: int, batch: int | None) -> int:
+    """A text buffer's bytes for a file of `file_bytes` holding `images`, before the free memory has its say:
+    TEXT_BUFFER_BYTES, or the text of `batch` images where a batch was asked for; never more than the whole file, nor
+    less than MIN_TEXT_BUFFER_BYTES (a line of MAX_LINE_BYTES and more) where the file is larger."""
+    wanted = TEXT_BUFFER_BYTES if batch is None else int(batch * file_bytes / max(1, images) * 1.05)
+    return min(max(wanted, MIN_TEXT_BUFFER_BYTES), file_bytes + 16)
 
 
 def text_buffer_bytes(free_bytes: int, fraction: float, wanted: int, round_bytes: int, row_bytes: float) -> int:

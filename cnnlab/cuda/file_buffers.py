@@ -10,7 +10,7 @@ from contextlib import AbstractContextManager, suppress
 from typing import TYPE_CHECKING, Any
 
 from cnnlab.constants import IMAGE_BYTES, INPUT_DIM
-from cnnlab.cuda.csv_double_buffer import TEXT_BUFFER_BYTES, DeviceCsvDoubleBuffer, rows_per_parse, text_buffer_bytes
+from cnnlab.cuda.csv_double_buffer import DeviceCsvDoubleBuffer, rows_per_parse, text_buffer_bytes, wanted_text_bytes
 from cnnlab.cuda.driver import context_lost, device_errors
 from cnnlab.cuda.file_copier import DeviceImageBuffer, FileCopier
 from cnnlab.tracing import Tracer
@@ -71,8 +71,7 @@ class FileBuffers:
         TEXT_BUFFER_BYTES (the batch asked for, where one was), no more than the file and than FREE_MEMORY_SHARE of the
         device's free memory allow; its image buffers sized for the file's mean row (rows_per_parse)."""
         row_bytes = file_bytes / max(1, images * INPUT_DIM)  # the count line and any blank lines included: longer, if anything
-        wanted = TEXT_BUFFER_BYTES if self._batch is None else int(self._batch * file_bytes / max(1, images) * 1.05)
-        wanted = min(wanted, file_bytes + 16)  # a range of the whole file at most
+        wanted = wanted_text_bytes(file_bytes, images, self._batch)
         with device_errors("cannot make buffers on the device for the file's text"):
             copier = self.copier(wanted)
             free = self._driver.mem_get_info()[0]

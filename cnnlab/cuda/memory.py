@@ -106,7 +106,8 @@ class Allocator:
         checked(getattr(ctypes.CDLL("libcuda.so.1"), name)(*args), name, self._driver.Error)
 
     def free_all(self) -> None:
-        allocations: list[DeviceAllocation | np.ndarray] = [held for held, _ in self._device.values()] + self._host
+        with self._lock:
+            allocations: list[DeviceAllocation | np.ndarray] = [held for held, _ in self._device.values()] + self._host
         for allocation in allocations:
             self.free(allocation)
 
