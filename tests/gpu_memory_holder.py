@@ -1,5 +1,6 @@
 """Another process on a shared GPU: holds all of GPU 0's memory but `free` MB (its own context included), prints the
-free memory it left in bytes, and holds it until its standard input closes.
+free memory it left in bytes, and holds it until its standard input closes, taking whatever other processes give back
+meanwhile (every 10 ms), so that no more than that is free while it holds.
 
     python tests/gpu_memory_holder.py FREE_MB
 
@@ -9,6 +10,7 @@ The driver's own calls through ctypes, so that it needs nothing but the driver.
 from __future__ import annotations
 
 import ctypes
+import select
 import sys
 
 GRAIN = 16 << 20  # the last allocations' size, once the large ones no longer fit
@@ -22,6 +24,13 @@ def main() -> None:
                  cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device), cuda.cuCtxSetCurrent(context)):
         if call:
             sys.exit(f"gpu_memory_holder: the driver failed ({call})")
+    print(hold_all_but(cuda, leave), flush=True)
+    while not select.select([sys.stdin], [], [], 0.01)[0]:  # until standard input closes (or says anything)
+        hold_all_but(cuda, leave)
+
+
+def hold_all_but(cuda: ctypes.CDLL, leave: int) -> int:
+    """Allocate until `leave` bytes are free (within GRAIN); the bytes free then."""
     free, total = ctypes.c_size_t(), ctypes.c_size_t()
     pointer = ctypes.c_uint64()
     size = 1 << 30
@@ -29,14 +38,12 @@ def main() -> None:
         cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
         want = free.value - leave
         if want < GRAIN:
-            break
+            return free.value
         size = min(size, want // GRAIN * GRAIN)
         if cuda.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(size)):
             if size == GRAIN:
-                break
+                return free.value
             size //= 2
-    print(free.value, flush=True)
-    sys.stdin.read()
 
 
 if __name__ == "__main__":
