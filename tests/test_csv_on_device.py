@@ -258,6 +258,7 @@ def test_the_last_row_s_end(text: bytes, end: int | None) -> None:
 
 
 @GPU
+@pytest.mark.gpu
 @pytest.mark.parametrize("batch", [None, "3", "40"])
 def test_cuda_mode_on_csv_gives_cpu_mode_s_outputs(tmp_path: Path, rng: np.random.Generator, batch: str | None) -> None:
     """The real command line: the text copied to the device in ranges (the smallest, 4 MiB, with --batch 3: images carried

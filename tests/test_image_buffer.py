@@ -223,6 +223,7 @@ def test_several_gpus_image_buffers_name_a_nan_and_refuse_a_cut_file(tmp_path: P
 
 
 @GPU
+@pytest.mark.gpu
 @pytest.mark.parametrize("nbytes", [1, 4 << 20, (4 << 20) + 8, (37 << 20) + 123])
 def test_the_copier_puts_a_file_s_bytes_on_the_device(tmp_path: Path, nbytes: int) -> None:
     """Ranges of a file at odd offsets and sizes (a task, less, more, many tasks and a tail) reach the device whole once
@@ -252,6 +253,7 @@ def test_the_copier_puts_a_file_s_bytes_on_the_device(tmp_path: Path, nbytes: in
 
 
 @GPU
+@pytest.mark.gpu
 def test_cuda_mode_on_a_npy_file_gives_the_copied_path_s_outputs(tmp_path: Path, rng: np.random.Generator) -> None:
     """The same images through the buffers (cnnlab cuda on a regular file) and through page-locked buffers (the Python
     API on the host array): the same kernels on the same values, so the same bytes; a NaN is named from the buffer's
@@ -274,6 +276,7 @@ def test_cuda_mode_on_a_npy_file_gives_the_copied_path_s_outputs(tmp_path: Path,
 
 
 @GPU
+@pytest.mark.gpu
 def test_two_contexts_image_buffers_give_one_context_s_outputs(tmp_path: Path, rng: np.random.Generator) -> None:
     """Several GPUs' buffers, two contexts on GPU 0 standing in: each fills its shard in turn, the outputs the same bytes
     as one context's."""
