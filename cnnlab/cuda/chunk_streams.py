@@ -37,17 +37,17 @@ from cnnlab.tracing import NO_TRACE, Tracer
 STREAMS_MEMORY_SHARE = 1 / 4
 
 
-def chunk_stream_bytes(chunk: int, launcher: Launcher, images: bool = True) -> int:
-    """Device memory one chunk stream takes at most: its images (where it holds them), the activations where the
+def chunk_stream_bytes(chunk: int, launcher: Launcher) -> int:
+    """Device memory one chunk stream takes at most: its images (where chunks are copied in), the activations where the
     kernels pass them on, its partials."""
-    per_image = IMAGE_BYTES * images + launcher.segments * OUT_LAYER_SIZE * 8
+    per_image = IMAGE_BYTES + launcher.segments * OUT_LAYER_SIZE * 8
     return chunk * per_image + activation_images(launcher, chunk) * OUT_NEURON_DIM * 8
 
 
 class GrowingBuffer:
-    """Memory for `item_bytes`-sized items, made on first need and made anew, larger, where a chunk needs more than
-    it holds (as a caching allocator grows): a stream holds what its largest chunk so far needed, up to `limit` items,
-    not what the largest chunk it may ever get would."""
+    """Memory for items (images, or a pass's activations), `make(count)` made on first need and made anew, larger,
+    where a chunk needs more than it holds (as a caching allocator grows): a stream holds what its largest chunk so far
+    needed, up to `limit` items, not what the largest chunk it may ever get would."""
 
     def __init__(self, make: Callable[[int], Any], free: Callable[[Any], None], limit: int) -> None:
         self._make, self._free, self._limit = make, free, limit
