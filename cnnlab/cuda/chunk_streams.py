@@ -209,9 +209,9 @@ class ChunkStreams:
         nonfinite: Any, find_nonfinite: FindNonFinite, trace: Tracer = NO_TRACE,
     ) -> None:
         """`streams` streams of up to `chunk` images, the chunk halved until their buffers at their largest fit in
-        STREAMS_MEMORY_SHARE of the device's free memory, and under `cap` bytes where it is given; `nonfinite`: the device flag the kernels
-        set where an image value is a NaN or an infinity; `trace` gets spans of each chunk's copies and kernels on its
-        stream, and of the host's waits and reduction."""
+        STREAMS_MEMORY_SHARE of the device's free memory, and under `cap` bytes where it is given; `nonfinite`: the
+        device flag the kernels set where an image value is a NaN or an infinity; `trace` gets spans of each chunk's
+        copies and kernels on its stream, and of the host's waits and reduction."""
         self._driver, self._memory, self._launcher, self._trace = driver, memory, launcher, trace
         self._nonfinite, self._find_nonfinite = nonfinite, find_nonfinite
         self._host_partials: np.ndarray | None = None  # page-locked (chunks, segments, chunk, 10), grown as needed

@@ -6,13 +6,16 @@ command line shows the driver only the GPUs its run names (`show_only`, before c
 the driver's ordinals are then places in that list, and `ordinal` and `number` translate. The Python API shows the
 driver every GPU, as PyTorch and CuPy do, since a long-lived process may ask for any of them later (docs/gpu.md).
 
-Nothing here imports more than os: `python -m cnnlab cuda` calls show_only before numpy is imported.
+Nothing here imports more than os and contextlib (ctypes where NVML is asked): `python -m cnnlab cuda` calls show_only
+before numpy is imported.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from typing import Any
 
 from cnnlab.errors import DeviceError
 
@@ -75,17 +78,10 @@ def machine_count() -> int | None:
     else the driver's folders in /proc; None where neither answers."""
     import ctypes
 
-    try:
-        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    with _nvml() as nvml, suppress(AttributeError):  # an NVML too old for the call: the folders answer
         count = ctypes.c_uint()
-        if nvml.nvmlInit_v2() == 0:
-            try:
-                if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) == 0:
-                    return count.value
-            finally:
-                nvml.nvmlShutdown()
-    except (OSError, AttributeError):
-        pass
+        if nvml is not None and nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) == 0:
+            return count.value
     try:
         return len(os.listdir("/proc/driver/nvidia/gpus"))
     except OSError:
@@ -98,16 +94,27 @@ def nvml_memory(pci_bus_id: str) -> tuple[int, int] | None:
     answer."""
     import ctypes
 
+    with _nvml() as nvml:
+        handle, memory = ctypes.c_void_p(), (ctypes.c_ulonglong * 3)()  # nvmlMemory_t: total, free, used
+        if nvml is None or nvml.nvmlDeviceGetHandleByPciBusId_v2(pci_bus_id.encode(), ctypes.byref(handle)):
+            return None
+        return None if nvml.nvmlDeviceGetMemoryInfo(handle, memory) else (memory[1], memory[0])
+
+
+@contextmanager
+def _nvml() -> Iterator[Any]:
+    """NVML (the driver's management library, which needs no CUDA context) started for the block; None where it is
+    missing or does not start."""
+    import ctypes
+
     try:
         nvml = ctypes.CDLL("libnvidia-ml.so.1")
     except OSError:
-        return None
-    if nvml.nvmlInit_v2() != 0:
-        return None
+        nvml = None
+    if nvml is None or nvml.nvmlInit_v2() != 0:
+        yield None
+        return
     try:
-        handle, memory = ctypes.c_void_p(), (ctypes.c_ulonglong * 3)()  # nvmlMemory_t: total, free, used
-        if nvml.nvmlDeviceGetHandleByPciBusId_v2(pci_bus_id.encode(), ctypes.byref(handle)) or nvml.nvmlDeviceGetMemoryInfo(handle, memory):
-            return None
-        return memory[1], memory[0]
+        yield nvml
     finally:
         nvml.nvmlShutdown()
