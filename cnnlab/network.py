@@ -194,6 +194,15 @@ class OutputBatch:
         return len(self.values)
 
 
+class Filling(Protocol):
+    """An image buffer's fill under way (ImageBuffer.start_fill)."""
+
+    def wait(self) -> int:
+        """Once, and before the buffer is filled again or freed: the bytes copied, once every one is read and its copy
+        queued (the buffer's kernels wait for its arrival on the device); a failure of the copy is raised here."""
+        ...
+
+
 class ImageBuffer(Protocol):
     """Device memory for `capacity` images that compute() reads where they lie (a DeviceBatch's): filled straight from a
     file's bytes with no stop in a host buffer of the run's (a backend's image_buffer()), or parsed from CSV text on the
@@ -201,10 +210,10 @@ class ImageBuffer(Protocol):
 
     capacity: int
 
-    def fill(self, fd: int, offset: int, count: int, stop: threading.Event) -> int:
-        """Copy `count` images' bytes of the file `fd` from `offset` into the buffer's first images: the bytes copied,
-        fewer where the file ends first; where `stop` is set (the run is ending) the copy stops early and the batch is
-        dropped, whatever the count."""
+    def start_fill(self, fd: int, offset: int, count: int, stop: threading.Event) -> Filling:
+        """Start copying `count` images' bytes of the file `fd` from `offset` into the buffer's first images, while the
+        caller goes on; the Filling's wait() gives the bytes copied, fewer where the file ends first. Where `stop` is set
+        (the run is ending) the copy stops early and the batch is dropped, whatever the count."""
         ...
 
     def host_copy(self, count: int) -> np.ndarray:

@@ -93,19 +93,25 @@ class MappedNpy:
 
 
 class NpyToDevice:
-    """A regular .npy file's bytes copied straight into a backend's image buffers, one a slot (the read stops with the
-    reader's `stop`, which is the run's)."""
+    """A regular .npy file's bytes copied straight into a backend's image buffers, filled in turn: a read starts the next
+    buffer's fill before it waits for the oldest, so that the copier's threads go from one fill to the next without a
+    pause. One turn: a read comes once the batch before it is computed, and refills that batch's buffer. The reads stop
+    with the reader's `stop`, which is the run's."""
 
     def __init__(self, reader: NpyImageReader, buffers: list[ImageBuffer]) -> None:
-        self._reader, self.slots = reader, buffers
+        self._reader, self._buffers = reader, buffers
+        self.slots: list[Any] = [None]
         self.batch_size = buffers[0].capacity
+        self._next = 0  # the buffer the next fill goes to
 
-    def read(self, slot: ImageBuffer, stop: threading.Event) -> DeviceBatch | None:
-        count = self._reader.read_to_device(slot)
-        return DeviceBatch(slot, count) if count else None
+    def read(self, slot: Any, stop: threading.Event) -> DeviceBatch | None:
+        while self._reader.fills_under_way < len(self._buffers) and self._reader.start_to_device(self._buffers[self._next]):
+            self._next = (self._next + 1) % len(self._buffers)
+        found = self._reader.read_to_device()
+        return None if found is None else DeviceBatch(*found)
 
     def free(self, failing: BaseException | None = None) -> None:
-        free_each([buffer.free for buffer in self.slots], failing)
+        free_each([self._reader.stop_to_device, *(buffer.free for buffer in self._buffers)], failing)
 
 
 class ImagesInHostBuffers:

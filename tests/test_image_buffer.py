@@ -9,6 +9,7 @@ import os
 import signal
 import threading
 import time
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -29,23 +30,38 @@ from cnnlab.run import run_network
 GPU = pytest.mark.skipif(why_no_gpu() is not None, reason=str(why_no_gpu()))
 
 
+@dataclass(frozen=True)
+class Done:
+    """A fill done as it started, its wait told to the buffer's events."""
+
+    got: int
+    buffer: HostImageBuffer
+
+    def wait(self) -> int:
+        self.buffer.events.append(("wait", self.buffer))
+        return self.got
+
+
 class HostImageBuffer:
     """An image buffer's place taken by host memory: filled by one os.preadv, as the copier's threads fill a GPU's."""
 
-    def __init__(self, capacity: int, cut: Path | None) -> None:
+    def __init__(self, capacity: int, cut: Path | None, events: list[tuple[str, HostImageBuffer]]) -> None:
+        """`events`: its backend's, where each fill, wait, compute and free is told in turn."""
         self.capacity, self.images, self._cut, self.fills = capacity, np.full((capacity, INPUT_DIM, INPUT_DIM), np.pi), cut, 0
-        self.freed = False
+        self.freed, self.events = False, events
 
-    def fill(self, fd: int, offset: int, count: int, stop: threading.Event) -> int:
+    def start_fill(self, fd: int, offset: int, count: int, stop: threading.Event) -> Done:
         self.fills += 1
+        self.events.append(("fill", self))
         if self._cut is not None and self.fills == 2:  # another program cuts the file short under the run
             os.truncate(self._cut, offset + IMAGE_BYTES // 2)
-        return os.preadv(fd, [self.images[:count].data], offset)
+        return Done(os.preadv(fd, [self.images[:count].data], offset), self)
 
     def host_copy(self, count: int) -> np.ndarray:
         return self.images[:count].copy()
 
     def free(self) -> None:
+        self.events.append(("free", self))
         self.freed = True
 
 
@@ -58,16 +74,19 @@ class StandIn(CpuBackend):
         """`buffers_made`: how many image buffers it makes before the next cannot be (as device memory runs out), None: no end."""
         super().__init__(cnn, batch_size=16, threads=1)
         self.buffers: list[HostImageBuffer] = []
+        self.events: list[tuple[str, HostImageBuffer]] = []  # its buffers' fills, waits, computes and frees, in turn
         self._cut, self._buffers_made = cut, buffers_made
 
     def image_buffer(self, count: int) -> HostImageBuffer:  # type: ignore[override]
         if len(self.buffers) == self._buffers_made:
             raise DeviceError("cannot make an image buffer on the device for a batch of the file's images: out of memory")
-        self.buffers.append(HostImageBuffer(min(count, 16), self._cut))  # a buffer of at most 16 images, as a GPU's of its own size
+        # a buffer of at most 16 images, as a GPU's of its own size
+        self.buffers.append(HostImageBuffer(min(count, 16), self._cut, self.events))
         return self.buffers[-1]
 
     def compute(self, batch: Batch, check_finite: bool = False) -> OutputBatch:
         assert isinstance(batch, DeviceBatch) and isinstance(batch.buffer, HostImageBuffer)
+        self.events.append(("compute", batch.buffer))
         return super().compute(ImageBatch(batch.buffer.images[: len(batch)]), check_finite)
 
 
@@ -88,12 +107,50 @@ def test_a_npy_file_goes_through_image_buffers_with_the_outputs_of_the_cpu(tmp_p
     assert np.array_equal(np.load(tmp_path / "out.npy").view(np.uint64), cpu_outputs(cnn, images).view(np.uint64))
 
 
-def test_a_nan_in_a_image_buffer_is_named_from_its_host_copy(tmp_path: Path, rng: np.random.Generator) -> None:
-    images = random_values(rng, 40, INPUT_DIM, INPUT_DIM)
-    images[37, 5, 6] = np.nan
-    with StandIn(random_cnn(rng)) as backend, pytest.raises(InputFileError, match="image 38 holds nan"):
+def test_the_next_buffer_fills_while_the_oldest_is_waited_for_and_never_before_its_batch_is_computed(
+    tmp_path: Path, rng: np.random.Generator
+) -> None:
+    """Four batches through two buffers: a read starts the next fill before it waits for the oldest, so that the
+    copier goes from one fill to the next; a buffer is filled again only once its batch is computed."""
+    cnn, images = random_cnn(rng), random_values(rng, 50, INPUT_DIM, INPUT_DIM)
+    with StandIn(cnn) as backend:
+        run_network(backend, save(tmp_path / "in.npy", images), tmp_path / "out.npy")
+    a, b = backend.buffers
+    assert backend.events == [
+        ("fill", a), ("fill", b), ("wait", a), ("compute", a),
+        ("fill", a), ("wait", b), ("compute", b),
+        ("fill", b), ("wait", a), ("compute", a),
+        ("wait", b), ("compute", b),
+        ("free", a), ("free", b),
+    ]  # fmt: skip
+    assert np.array_equal(np.load(tmp_path / "out.npy").view(np.uint64), cpu_outputs(cnn, images).view(np.uint64))
+
+
+def waited_before_freed(events: list[tuple[str, HostImageBuffer]]) -> bool:
+    """Whether every fill of a buffer was waited for before the buffer was freed."""
+    under_way: dict[int, int] = {}
+    for event, buffer in events:
+        under_way[id(buffer)] = under_way.get(id(buffer), 0) + {"fill": 1, "wait": -1}.get(event, 0)
+        if event == "free" and under_way[id(buffer)]:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("count, nan_at, under_way", [(40, 37, 0), (50, 20, 1)])
+def test_a_nan_in_a_image_buffer_is_named_from_its_host_copy(
+    tmp_path: Path, rng: np.random.Generator, count: int, nan_at: int, under_way: int
+) -> None:
+    """In the last batch, or in the second while the third fills (`under_way` fills left when the run fails): every
+    fill is waited for before the buffers are freed."""
+    images = random_values(rng, count, INPUT_DIM, INPUT_DIM)
+    images[nan_at, 5, 6] = np.nan
+    with StandIn(random_cnn(rng)) as backend, pytest.raises(InputFileError, match=f"image {nan_at + 1} holds nan"):
         run_network(backend, save(tmp_path / "in.npy", images), tmp_path / "out.npy")
     assert not (tmp_path / "out.npy").exists()
+    events = [event for event, _ in backend.events]
+    after_last_compute = events[len(events) - events[::-1].index("compute") :]
+    assert after_last_compute.count("wait") == under_way
+    assert waited_before_freed(backend.events) and events.count("free") == 2
 
 
 def test_a_file_cut_short_under_a_run_is_an_error_and_no_output(tmp_path: Path, rng: np.random.Generator) -> None:

@@ -40,7 +40,7 @@ PHASES = {
                             "CudaContext.close"],
     "cnnlab.cuda.csv_double_buffer": ["DeviceCsvDoubleBuffer.__init__", "DeviceCsvDoubleBuffer.start_fill", "DeviceCsvDoubleBuffer.filled",
                                       "DeviceCsvDoubleBuffer.parse", "DeviceCsvDoubleBuffer.parsed", "DeviceCsvDoubleBuffer.free"],
-    "cnnlab.cuda.file_copier": ["FileCopier.__init__", "FileCopier.copy", "DeviceImageBuffer.free"],
+    "cnnlab.cuda.file_copier": ["FileCopier.__init__", "FileCopier._finish", "DeviceImageBuffer.free"],
     "cnnlab.cuda.multi_gpu": ["MultiGpuBackend.__init__", "MultiGpuBackend.image_buffer", "ShardedImageBuffer.fill",
                               "ShardedImageBuffer.free", "MultiGpuBackend.close"],
     "cnnlab.cpu.backend": ["CpuBackend.__init__", "CpuBackend.compute", "CpuBackend.close"],

@@ -10,10 +10,11 @@ and a stream of its own. A thread drains a copy's tasks (TASK_BYTES of the file 
 
 A staging buffer is rewritten while it is still in the host's caches, so the DMA engine reads it there and each byte
 crosses the host's memory once; a batch-sized page-locked buffer is written out to memory and read back by the DMA
-engine, three crossings. A copy returns once every byte is read and its copy queued, not once the copies have reached
-the device: the buffer's `ready` event is recorded after the last of them (on a stream that waits for every thread's),
-and the kernels that read the buffer wait for it on the device, so the threads go on to the next copy while the DMA
-engine drains this one's last copies. The staging buffers are one page-locked block, made with the copier. Sizes and
+engine, three crossings. A copy's wait() returns once every byte is read and its copy queued, not once the copies have
+reached the device: the buffer's `ready` event is recorded after the last of them (on a stream that waits for every
+thread's), and the kernels that read the buffer wait for it on the device, so the threads go on to the next copy while
+the DMA engine drains this one's last copies. Its caller starts the next copy before it waits for this one, so that a
+thread out of this copy's tasks takes the next one's at once. The staging buffers are one page-locked block, made with the copier. Sizes and
 their measurements: docs/gpu.md, "Sizes".
 """
 
@@ -126,17 +127,14 @@ class FileCopier:
             started.abort()  # the others wait no longer
             raise
 
-    def copy(self, fd: int, offset: int, nbytes: int, address: int, ready: Any, stop: threading.Event) -> int:
-        """Copy `nbytes` of the file `fd` from `offset` to device address `address`: the bytes copied, fewer where the
-        file ends first. Returns once every byte is read and its copy queued; `ready` is recorded after the last copy,
-        for whatever reads the memory to wait for on the device. Where `stop` is set (a run ending) no more tasks are
-        taken and the count says nothing: the caller, which set it, drops the buffer's batch; where a thread fails, its
-        error is raised. On both ways out every copy queued has reached the device first."""
-        return self.start(fd, offset, nbytes, address, ready, stop).wait()
-
     def start(self, fd: int, offset: int, nbytes: int, address: int, ready: Any, stop: threading.Event) -> Copying:
-        """Start a copy(): its threads read and copy while the caller does other work, and its Copying's wait() ends it
-        as copy() does. Up to IN_FLIGHT copies are under way at once: a start() past them waits for the oldest's wait()."""
+        """Start copying `nbytes` of the file `fd` from `offset` to device address `address`: its threads read and copy
+        while the caller does other work. Its Copying's wait() gives the bytes copied, fewer where the file ends first,
+        once every byte is read and its copy queued; `ready` is recorded after the last copy, for whatever reads the
+        memory to wait for on the device. Where `stop` is set (a run ending) no more tasks are taken and the count says
+        nothing: the caller, which set it, drops the buffer's batch; where a thread fails, its error is raised. On both
+        ways out every copy queued has reached the device first. Up to IN_FLIGHT copies are under way at once: a
+        start() past them waits for the oldest's wait()."""
         tasks = iter(range(0, nbytes, self.task_bytes))
         taking, halt = threading.Lock(), threading.Event()  # halt: a thread failed, or Copying.stop()
 
@@ -227,8 +225,8 @@ class DeviceImageBuffer:
         self.allocation, self.capacity, self._driver, self._copier, self._release = allocation, capacity, driver, copier, release
         self.ready = driver.Event(driver.event_flags.DISABLE_TIMING)
 
-    def fill(self, fd: int, offset: int, count: int, stop: threading.Event) -> int:
-        return self._copier.copy(fd, offset, count * IMAGE_BYTES, int(self.allocation), self.ready, stop)
+    def start_fill(self, fd: int, offset: int, count: int, stop: threading.Event) -> Copying:
+        return self._copier.start(fd, offset, count * IMAGE_BYTES, int(self.allocation), self.ready, stop)
 
     def host_copy(self, count: int) -> np.ndarray:
         """On the context's thread (it is current there)."""

@@ -14,7 +14,8 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable
-from concurrent.futures import wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from functools import partial
 from operator import methodcaller
 from typing import Any
@@ -25,7 +26,7 @@ from cnnlab.backend import Backend, Batch, DeviceBatch, TextBatching
 from cnnlab.constants import IMAGE_BYTES
 from cnnlab.files.csv_batch import CsvBatch
 from cnnlab.interrupts import held
-from cnnlab.network import Cnn, ImageBatch, ImageBuffer, OutputBatch
+from cnnlab.network import Cnn, Filling, ImageBatch, ImageBuffer, OutputBatch
 from cnnlab.owner import BackendOwner
 
 
@@ -36,6 +37,7 @@ class MultiGpuBackend:
 
     def __init__(self, makes: list[Callable[[], Backend]]) -> None:
         self._owners = [BackendOwner(make, f"cnnlab-gpu-{index}") for index, make in enumerate(makes)]
+        self._filler = ThreadPoolExecutor(1, thread_name_prefix="cnnlab-shard-fills")  # every sharded buffer's fills, in turn
         try:
             self._backends = [owner.backend() for owner in self._owners]
         except BaseException:
@@ -84,7 +86,7 @@ class MultiGpuBackend:
                 buffers: list[ImageBuffer | None] = [None if part.exception() is not None else part.result() for part in making]
                 made = [buffer for buffer in buffers if buffer is not None]
                 if failure is None and len(made) == len(buffers):
-                    kept = ShardedImageBuffer(made, self._owners, count)
+                    kept = ShardedImageBuffer(made, self._owners, count, self._filler)
                 else:  # a GPU failed, or one has no image buffers (stand-ins): none is kept
                     for owner, buffer in zip(self._owners, buffers):
                         if buffer is not None:
@@ -135,6 +137,7 @@ class MultiGpuBackend:
 
     def close(self) -> None:
         """Close every GPU's backend on its own thread (its context last, as CudaContext.close does)."""
+        self._filler.shutdown()
         for owner in self._owners:
             owner.close()
 
@@ -149,12 +152,13 @@ class ShardedImageBuffer:
     """An image buffer on each GPU, a shard each, filled from consecutive parts of the file, the first GPU's the batch's
     first images: a network.ImageBuffer of several GPUs. The shards are filled one after another, each by its GPU's
     copier on every one of its threads: the host's reading of the file is what bounds a fill, and reading two at once
-    measured slower (docs/gpu.md, "Sizes"). A copy returns once its bytes are queued (file_copier.py), so the next GPU's
-    shard starts while the last one's copies drain."""
+    measured slower (docs/gpu.md, "Sizes"). A copy's wait returns once its bytes are queued (file_copier.py), so the
+    next GPU's shard starts while the last one's copies drain. Every sharded buffer's fills run on one thread (`filler`),
+    so that a fill started while another runs begins as that one ends."""
 
-    def __init__(self, buffers: list[ImageBuffer], owners: list[BackendOwner], count: int) -> None:
+    def __init__(self, buffers: list[ImageBuffer], owners: list[BackendOwner], count: int, filler: ThreadPoolExecutor) -> None:
         """`count`: the most images asked for (the buffers' shards, rounded up, may hold a few more)."""
-        self._buffers, self._owners = buffers, owners
+        self._buffers, self._owners, self._filler = buffers, owners, filler
         self.capacity = min(count, sum(buffer.capacity for buffer in buffers))
 
     def _counts(self, count: int) -> list[int]:
@@ -170,12 +174,15 @@ class ShardedImageBuffer:
             counts[index], left = counts[index] - taken, left - taken
         return counts
 
-    def fill(self, fd: int, offset: int, count: int, stop: threading.Event) -> int:
+    def start_fill(self, fd: int, offset: int, count: int, stop: threading.Event) -> Filling:
+        return _ShardsFilling(self._filler.submit(self._fill, fd, offset, count, stop))
+
+    def _fill(self, fd: int, offset: int, count: int, stop: threading.Event) -> int:
         copied = 0
         for buffer, images in zip(self._buffers, self._counts(count)):
             if not images:
                 continue
-            got = buffer.fill(fd, offset + copied, images, stop)
+            got = buffer.start_fill(fd, offset + copied, images, stop).wait()
             copied += got
             if got < images * IMAGE_BYTES or stop.is_set():  # the file ended in this shard (or the run is ending)
                 break
@@ -194,6 +201,16 @@ class ShardedImageBuffer:
         """Each GPU's buffer freed on its own thread."""
         for owner, buffer in zip(self._owners, self._buffers):
             owner.call(partial(_free, buffer))
+
+
+@dataclass(frozen=True)
+class _ShardsFilling:
+    """A ShardedImageBuffer's fill under way on the fills' thread."""
+
+    shards: Future[int]
+
+    def wait(self) -> int:
+        return self.shards.result()
 
 
 def _host_copy(batch: DeviceBatch, backend: Backend) -> np.ndarray:

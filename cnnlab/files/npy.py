@@ -3,7 +3,7 @@
 Inputs are read a batch at a time straight into the batch's buffer, with one os.preadv per core
 (it releases the GIL), so a file in the page cache moves at memory speed in one copy; a pipe or a
 FIFO is read in order. For a backend with a device of its own (the GPU), a regular file's batches
-are copied straight into its device memory instead (`read_to_device`: the backend's image buffer does
+are copied straight into its device memory instead (`start_to_device`: the backend's image buffer does
 the copy). For a backend that reads any memory as fast as its own (the CPU), a regular file is instead
 mapped and its images handed over in place, with no copy at all (`map`). Every way a file
 truncated while it is read is an error naming the file, never a crash: a read comes up short, or
@@ -20,6 +20,7 @@ import os
 import stat
 import struct
 import threading
+from collections import deque
 from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
@@ -29,7 +30,7 @@ from cnnlab.errors import InputFileError
 from cnnlab.files.inputs import open_for_reading, reading
 from cnnlab.files.safety import AtomicOutput, OutputSet
 from cnnlab.files.text import READ_BYTES, read_at, wait_readable
-from cnnlab.network import ImageBuffer, OutputBatch, default_threads, unsized_capacity
+from cnnlab.network import Filling, ImageBuffer, OutputBatch, default_threads, unsized_capacity
 
 if TYPE_CHECKING:
     from cnnlab.files import _mapped_guard
@@ -115,6 +116,7 @@ class NpyImageReader:
             raise
         self.count = shape[0]
         self.images_read = 0
+        self._fills: deque[tuple[ImageBuffer, int, Filling]] = deque()  # fills into device image buffers under way, oldest first
         self.stop = threading.Event()  # set when the run stops: a read waiting on a pipe gives up
         self._threads = threads or default_threads()
         # Images per read_into() call: 2.5 MB a thread, in cache when the CPU computes them next, and a read per core.
@@ -169,15 +171,45 @@ class NpyImageReader:
             got = self._read(target)
         return self._read_whole(count, got)
 
-    def read_to_device(self, buffer: ImageBuffer) -> int:
-        """Copy the next images (as many as `buffer` holds, fewer at the end) from a regular file (seekable) straight
-        into a backend's image buffer; return how many (none once the run stops)."""
-        count = min(buffer.capacity, self.count - self.images_read)
+    def start_to_device(self, buffer: ImageBuffer) -> bool:
+        """Start copying the next images (as many as `buffer` holds, fewer at the end) from a regular file (seekable)
+        straight into a backend's image buffer, while the caller goes on; False where none are left to start."""
+        first = self.images_read + sum(count for _, count, _ in self._fills)
+        count = min(buffer.capacity, self.count - first)
         if count <= 0:
-            return 0
+            return False
         with reading(self.path):
-            got = buffer.fill(self._file.fileno(), self._offset + self.images_read * IMAGE_BYTES, count, self.stop)
-        return 0 if self.stop.is_set() else self._read_whole(count, got)
+            filling = buffer.start_fill(self._file.fileno(), self._offset + first * IMAGE_BYTES, count, self.stop)
+        self._fills.append((buffer, count, filling))
+        return True
+
+    @property
+    def fills_under_way(self) -> int:
+        """Fills started and not yet waited for."""
+        return len(self._fills)
+
+    def read_to_device(self) -> tuple[ImageBuffer, int] | None:
+        """The images of the oldest fill started, once it is done: their buffer and count; None where no fill is under
+        way, or once the run stops."""
+        if not self._fills:
+            return None
+        buffer, count, filling = self._fills.popleft()
+        with reading(self.path):
+            got = filling.wait()
+        return None if self.stop.is_set() else (buffer, self._read_whole(count, got))
+
+    def stop_to_device(self) -> None:
+        """Stop the fills under way and wait for each (the run is over), so that their buffers can be freed; the first
+        one's failure is raised once all are done."""
+        self.stop.set()
+        failure: BaseException | None = None
+        while self._fills:
+            try:
+                self._fills.popleft()[2].wait()
+            except BaseException as error:
+                failure = failure or error
+        if failure is not None:
+            raise failure
 
     def _read_whole(self, count: int, got: int) -> int:
         """`count` images read, where `got` bytes came: an error where the file ended before them."""
