@@ -19,6 +19,7 @@ from cnnlab.bench.gpus import at_once
 from cnnlab.bench.peers import run_peers
 from cnnlab.bench.report import API_IMAGES, BenchOptions, BenchReport, Figure, format_table, ratios
 from cnnlab.bench.startup import driver_starts
+from cnnlab.constants import IMAGE_BYTES
 from cnnlab.cpu.backend import CPU_ISAS, ISA_VARIABLE, CpuBackend, Forward
 from cnnlab.cuda.gpus import VISIBLE, machine_count
 from cnnlab.errors import DeviceError
@@ -42,7 +43,8 @@ def test_bench_cpu_rows_against_the_memory_bound_and_the_peers(tmp_path: Path) -
         assert figure["bound"] == "memory" and figure["images_per_second"] > 0
         assert figure["of_bound"] == pytest.approx(figure["images_per_second"] / bound["images_per_second"])
     line = next(line for line in result.stdout.splitlines() if line.startswith("cpu: forward"))
-    assert float(line.split()[-5].replace(",", "")) == pytest.approx(forward["images_per_second"], rel=1e-6, abs=1)  # then "x% of memory -"
+    # the images/s, then its ratio ("x% of memory"), x lab and GPU MiB
+    assert float(line.split()[-6].replace(",", "")) == pytest.approx(forward["images_per_second"], rel=1e-6, abs=1)
     multiple = forward["images_per_second"] / plain["images_per_second"]
     assert f"cpu: the forward is {multiple:.1f}x plain C++ loop" in result.stdout
     for figure in (forward, plain):  # timed in turns, each with its repeats' spread
@@ -86,6 +88,7 @@ def test_ratios_come_from_the_figures() -> None:
             Figure("lab", "lab", 10.0),
             Figure("pinned", "pinned", 80.0, bound="h2d"),
             Figure("bounds", "bounds", 100.0, key="h2d"),
+            Figure("npy", "a run", 70.0, bound="h2d", device_bytes=3 << 19),
             Figure("resident", "resident", 500.0, bound="d2d"),
             Figure("bounds", "bounds", 2000.0, key="d2d"),
         ],
@@ -96,6 +99,8 @@ def test_ratios_come_from_the_figures() -> None:
     assert rows["residentNone"]["of_bound"] == 0.25 and rows["boundsh2d"]["of_bound"] is None
     table = format_table(report)
     assert "80.0% of h2d" in table and "25.0% of d2d" in table and "note: torch rows not run" in table
+    assert next(line for line in table.splitlines() if line.startswith("a run")).endswith(" 1.5")  # its GPU MiB
+    assert next(line for line in table.splitlines() if line.startswith("pinned")).endswith(" -")  # not a run
 
 
 def test_the_table_says_what_each_ratio_is_relative_to() -> None:
@@ -175,6 +180,8 @@ def test_bench_rows_of_a_npy_file_and_of_every_gpu_copying_at_once(tmp_path: Pat
         return
     npy, bound = rows[("npy", None)], rows[("bounds", "h2d")]
     assert 0.05 < npy["of_bound"] < 1.2
+    two_buffers = 2 * 2048 * IMAGE_BYTES  # the run's two image buffers, of the file's 2,048 images each
+    assert two_buffers <= npy["device_bytes"] <= 1.5 * two_buffers and f"{npy['device_bytes'] / (1 << 20):,.1f}" in result.stdout
     # KvikIO's read of the same file into device memory, where it installs; else a note saying why not.
     kvikio = [row for row in figures if row["name"].startswith("peer: kvikio")]
     if kvikio:
@@ -212,9 +219,9 @@ def test_the_npy_row_times_a_run_over_the_file_on_a_backend_of_its_own(rng: np.r
     images = rng.standard_normal((64, 100, 100))
     with npy_in_page_cache(images) as path:
         assert (np.load(path) == images).all()
-        rate, (slowest, fastest) = npy_file_rate(backend, path, len(images), repeats=3)
+        rate, (slowest, fastest), device_bytes = npy_file_rate(backend, path, len(images), repeats=3)
     assert not path.exists()
-    assert len(made) == 1 and 0 < slowest <= rate <= fastest < 1e9
+    assert len(made) == 1 and 0 < slowest <= rate <= fastest < 1e9 and device_bytes == 0  # the CPU holds no device memory
 
 
 def test_the_kvikio_peer_is_a_note_saying_why_where_it_does_not_install(tmp_path: Path, rng: np.random.Generator) -> None:

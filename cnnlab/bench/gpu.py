@@ -199,11 +199,12 @@ def batched_rows(
             report.figures.append(Figure("pinned", name, rate, "h2d", bytes_per_image=host_bytes, flops_per_image=FLOPS_PER_IMAGE))
         if "npy" in options.rows:
             with npy_in_page_cache(host) as path:
-                rate, spread = npy_file_rate(partial(CudaContext, cnn, config=config), path, len(host), options.repeats)
+                rate, spread, device_bytes = npy_file_rate(partial(CudaContext, cnn, config=config), path, len(host), options.repeats)
                 name = "cuda, a .npy file in the page cache, as `cnnlab cuda` runs it"
-                report.figures.append(
-                    Figure("npy", name, rate, "h2d", bytes_per_image=host_bytes, flops_per_image=FLOPS_PER_IMAGE, spread=spread)
-                )
+                report.figures.append(Figure(
+                    "npy", name, rate, "h2d", bytes_per_image=host_bytes, flops_per_image=FLOPS_PER_IMAGE, spread=spread,
+                    device_bytes=device_bytes,
+                ))  # fmt: skip
                 peer, notes = run_peers(("kvikio",), "npy", "h2d", len(host), options.repeats, None, file=str(path),
                                         bytes_per_image=IMAGE_BYTES, flops_per_image=None)  # fmt: skip
                 report.figures += peer
@@ -249,14 +250,17 @@ def npy_in_page_cache(images: np.ndarray) -> Iterator[Path]:
         yield path
 
 
-def npy_file_rate(make_backend: Callable[[], Backend], path: Path, count: int, repeats: int) -> tuple[float, tuple[float, float]]:
+def npy_file_rate(
+    make_backend: Callable[[], Backend], path: Path, count: int, repeats: int
+) -> tuple[float, tuple[float, float], int]:
     """Images/s of a run over the .npy file of `count` images at `path`: the loop of run_network (as --timing-json gives
-    it) on a backend of its own (its buffers go with it), median and spread of `repeats` after one warm-up."""
+    it) on a backend of its own (its buffers go with it), median and spread of `repeats` after one warm-up; and the
+    most device memory a run's buffers held."""
     from cnnlab.run import run_network
 
     with make_backend() as backend:
-        loops = [run_network(backend, path, path.with_name("out.npy")).loop_seconds for _ in range(repeats + 1)][1:]
-    return rate_and_spread(count, loops)
+        runs = [run_network(backend, path, path.with_name("out.npy")) for _ in range(repeats + 1)][1:]
+    return *rate_and_spread(count, [run.loop_seconds for run in runs]), max(run.device_bytes for run in runs)
 
 
 def fp64_peak(setup: DeviceSetup) -> float | None:

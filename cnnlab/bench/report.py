@@ -41,6 +41,7 @@ class Figure:
     flops_per_image: float | None = None
     spread: tuple[float, float] | None = None  # images/s of the slowest and the fastest repeat
     check: str | None = None  # how the outputs compared with the CPU backend's, where they were checked
+    device_bytes: int | None = None  # a whole run's: the most device memory its buffers held (its CUDA context's own aside)
 
     @property
     def bytes_per_second(self) -> float | None:
@@ -169,20 +170,24 @@ def relative_text(row: dict[str, Any]) -> str:
 
 def format_table(report: BenchReport) -> str:
     """Every figure but the ladder's, then the ladder's table where there is one, then the notes."""
-    lines = [f"{'figure':<66} {'MB/s':>10} {'images/s':>14} {'relative to':>17} {'x lab':>8}"]
+    lines = [f"{'figure':<66} {'MB/s':>10} {'images/s':>14} {'relative to':>17} {'x lab':>8} {'GPU MiB':>8}"]
     rows = ratios(report)
     for row in rows:
         if row["row"] in LADDER_ROWS:
             continue
         of_lab = f"{row['of_lab']:.1f}" if row["of_lab"] is not None else "-"
         rate = f"{row['bytes_per_second'] / 1e6:,.0f}" if row["bytes_per_second"] else "-"
-        lines.append(f"{row['name'][:66]:<66} {rate:>10} {row['images_per_second']:>14,.0f} {relative_text(row):>17} {of_lab:>8}")
+        memory = f"{row['device_bytes'] / (1 << 20):,.1f}" if row["device_bytes"] is not None else "-"
+        lines.append(
+            f"{row['name'][:66]:<66} {rate:>10} {row['images_per_second']:>14,.0f} {relative_text(row):>17} {of_lab:>8} {memory:>8}"
+        )
     if any(figure.bound for figure in report.figures):
         lines.append(
             "relative to: a share of the bound the row names (memory: reading the images once; h2d, d2d: the copy bounds; "
             "read, h2d-text: the CSV bounds), or a multiple of a reference (loadtxt: numpy.loadtxt on the same file's first "
             "images; from_chars-1, from_chars: std::from_chars on the same text, one thread and the run's; context-N: "
-            "CudaContext.forward on N images, the context made beforehand)"
+            "CudaContext.forward on N images, the context made beforehand); GPU MiB: a whole run's peak device memory, its "
+            "buffers' (the CUDA context's own, ~530 MiB on an H200, aside)"
         )
     if report.startup:
         floor = report.startup[0].seconds if report.startup[0].name.startswith("floor") else None

@@ -145,7 +145,8 @@ def bench_csv(cnn: Cnn, options: BenchOptions, seed: int | None) -> tuple[list[F
                 loop = partial(run_network, context, path, os.path.join(folder, "out.npy"))
                 rate = median_rate(options.csv_images, loop, repeats)
                 bound = "h2d-text" if parse_csv else "read"  # what the run's text goes through
-                figures.append(Figure("csv", f"cnnlab cuda on CSV, parsed {where}: whole run", rate, bound, **text))
+                name = f"cnnlab cuda on CSV, parsed {where}: whole run"
+                figures.append(Figure("csv", name, rate, bound, device_bytes=context.peak_device_bytes, **text))
                 if parse_csv:
                     read_rate, host_to_device = _text_bounds(context, path, threads, options.repeats)
         peer, notes = run_peers(("kvikio",), "csv", "h2d-text", options.csv_images, options.repeats, None, file=str(path),
