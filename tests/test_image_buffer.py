@@ -297,14 +297,18 @@ def test_the_copier_puts_a_file_s_bytes_on_the_device(tmp_path: Path, nbytes: in
         # recorded before the last copies; a few MiB may land before the read-back is queued.
         reader = context.driver.Stream(flags=1)
         back = context.memory.host(nbytes, "u1")
+
+        def copy(offset: int) -> int:
+            return buffer._copier.start(file.fileno(), offset, nbytes, int(buffer.allocation), buffer.ready, threading.Event()).wait()
+
         for offset in (0, 7, 4096):
             back[:] = 0
-            assert buffer._copier.copy(file.fileno(), offset, nbytes, int(buffer.allocation), buffer.ready, threading.Event()) == nbytes
+            assert copy(offset) == nbytes
             reader.wait_for_event(buffer.ready)
             context.driver.memcpy_dtoh_async(back, buffer.allocation, reader)
             reader.synchronize()
             assert np.array_equal(back, data[offset : offset + nbytes])
-        copied = buffer._copier.copy(file.fileno(), 4096 + 5, nbytes, int(buffer.allocation), buffer.ready, threading.Event())
+        copied = copy(4096 + 5)
         assert copied == max(nbytes - 5, 0)
         buffer.free()
 
