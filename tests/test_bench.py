@@ -19,7 +19,7 @@ from cnnlab.bench.gpus import at_once
 from cnnlab.bench.peers import run_peers
 from cnnlab.bench.report import API_IMAGES, BenchOptions, BenchReport, Figure, format_table, ratios
 from cnnlab.bench.startup import driver_starts
-from cnnlab.constants import IMAGE_BYTES
+from cnnlab.constants import IMAGE_BYTES, OUT_LAYER_SIZE
 from cnnlab.cpu.backend import CPU_ISAS, ISA_VARIABLE, CpuBackend, Forward
 from cnnlab.cuda.gpus import VISIBLE, machine_count
 from cnnlab.errors import DeviceError
@@ -341,5 +341,8 @@ def test_the_api_rows_put_the_one_liner_and_the_cpu_beside_the_kept_context(tmp_
         return
     assert [row["bound"] for row in figures] == [bound for count in API_IMAGES for bound in (None, f"context-{count}", f"context-{count}")]
     one_liners = [row for row in figures if "device='cuda'" in row["name"]]
-    assert [row["check"] for row in one_liners] == ["within rule"] * len(API_IMAGES)
+    # About one correct GPU value in two million nearly cancels and fails the rule (docs/exactness.md): one such value a
+    # row is let pass (a run of these 111,000 values has one in ~18 runs); two in the 100,000 of a row, in ~800.
+    for row, count in zip(one_liners, API_IMAGES):
+        assert row["check"] in ("within rule", f"1 of {count * OUT_LAYER_SIZE} values outside the rule"), row["check"]
     assert all(row["of_bound"] > 0 for row in figures if row["bound"]) and "x context-1000" in result.stdout
