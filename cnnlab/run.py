@@ -54,13 +54,13 @@ class RunStats:
 
 
 class Prefetcher:
-    """Reads batches on a thread, one slot ahead, so that reading the next batch overlaps computing
-    this one; yields them in input order.
+    """Reads batches on a thread, a slot ahead where the input has two, so that reading the next batch overlaps computing
+    this one; yields them in input order. (An input that fills device buffers itself, ahead of its reads, has one slot:
+    run_inputs.py.)
 
     `read(slot, stop)` fills a slot (a buffer, or only a turn: run_inputs.py) with the next batch, or returns None at
-    the end; it checks `stop` between steps, so that leaving early never
-    waits for a whole batch, and never leaves the thread writing into a freed buffer. `trace` gets a span for the
-    thread's start, per batch read and per wait for one.
+    the end; it checks `stop` between steps, so that leaving early never waits for a whole batch, and never leaves the
+    thread writing into a freed buffer. `trace` gets a span for the thread's start, per batch read and per wait for one.
     """
 
     def __init__(

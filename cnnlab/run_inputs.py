@@ -43,7 +43,7 @@ class RunInput(Protocol):
         ...
 
     def free(self, failing: BaseException | None = None) -> None:
-        """Give back what the input made (its reader has stopped: nothing fills it)."""
+        """Give back what the input made (its reader has stopped; a fill it started ahead is stopped and waited for first)."""
         ...
 
 

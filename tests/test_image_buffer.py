@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
+from unittest.mock import patch
 
 import numpy as np
 import pytest
@@ -151,6 +153,39 @@ def test_a_nan_in_a_image_buffer_is_named_from_its_host_copy(
     after_last_compute = events[len(events) - events[::-1].index("compute") :]
     assert after_last_compute.count("wait") == under_way
     assert waited_before_freed(backend.events) and events.count("free") == 2
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A fill whose copy failed (a read error on a copier's thread): its wait raises."""
+
+    buffer: HostImageBuffer
+
+    def wait(self) -> int:
+        self.buffer.events.append(("wait", self.buffer))
+        raise OSError(5, "Input/output error")
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")  # nor a thread's traceback
+def test_a_fill_left_under_way_by_a_failing_run_is_waited_for_and_its_error_goes_unsaid(
+    tmp_path: Path, rng: np.random.Generator
+) -> None:
+    """The run fails on its second batch while the third fills, and that fill fails too: the run's error is the one told,
+    with no note of the fill's, and both buffers are freed once it is waited for."""
+    images = random_values(rng, 50, INPUT_DIM, INPUT_DIM)
+    images[20, 5, 6] = np.nan
+    original = HostImageBuffer.start_fill
+
+    def third_fails(buffer: HostImageBuffer, *args: Any) -> Done | Failed:
+        done = original(buffer, *args)
+        return Failed(buffer) if buffer.fills == 2 and buffer is backend.buffers[0] else done
+
+    with StandIn(random_cnn(rng)) as backend, patch.object(HostImageBuffer, "start_fill", third_fails):
+        with pytest.raises(InputFileError, match="image 21 holds nan") as raised:
+            run_network(backend, save(tmp_path / "in.npy", images), tmp_path / "out.npy")
+    assert not getattr(raised.value, "__notes__", None)
+    assert waited_before_freed(backend.events) and [event for event, _ in backend.events].count("free") == 2
+    assert not (tmp_path / "out.npy").exists()
 
 
 def test_a_file_cut_short_under_a_run_is_an_error_and_no_output(tmp_path: Path, rng: np.random.Generator) -> None:

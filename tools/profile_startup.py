@@ -41,7 +41,7 @@ PHASES = {
     "cnnlab.cuda.csv_double_buffer": ["DeviceCsvDoubleBuffer.__init__", "DeviceCsvDoubleBuffer.start_fill", "DeviceCsvDoubleBuffer.filled",
                                       "DeviceCsvDoubleBuffer.parse", "DeviceCsvDoubleBuffer.parsed", "DeviceCsvDoubleBuffer.free"],
     "cnnlab.cuda.file_copier": ["FileCopier.__init__", "FileCopier._finish", "DeviceImageBuffer.free"],
-    "cnnlab.cuda.multi_gpu": ["MultiGpuBackend.__init__", "MultiGpuBackend.image_buffer", "ShardedImageBuffer.fill",
+    "cnnlab.cuda.multi_gpu": ["MultiGpuBackend.__init__", "MultiGpuBackend.image_buffer", "ShardedImageBuffer._fill",
                               "ShardedImageBuffer.free", "MultiGpuBackend.close"],
     "cnnlab.cpu.backend": ["CpuBackend.__init__", "CpuBackend.compute", "CpuBackend.close"],
     "cnnlab.run": ["run_network", "Prefetcher.close"],

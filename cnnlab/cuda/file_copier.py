@@ -13,9 +13,9 @@ crosses the host's memory once; a batch-sized page-locked buffer is written out 
 engine, three crossings. A copy's wait() returns once every byte is read and its copy queued, not once the copies have
 reached the device: the buffer's `ready` event is recorded after the last of them (on a stream that waits for every
 thread's), and the kernels that read the buffer wait for it on the device, so the threads go on to the next copy while
-the DMA engine drains this one's last copies. Its caller starts the next copy before it waits for this one, so that a
-thread out of this copy's tasks takes the next one's at once. The staging buffers are one page-locked block, made with the copier. Sizes and
-their measurements: docs/gpu.md, "Sizes".
+the DMA engine drains this one's last copies. A .npy file's reader starts the next copy before it waits for this one,
+so that a thread out of this copy's tasks takes the next one's at once. The staging buffers are one page-locked block,
+made with the copier. Sizes and their measurements: docs/gpu.md, "Sizes".
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ import stat
 import struct
 import threading
 from collections import deque
+from contextlib import suppress
 from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
@@ -30,6 +31,7 @@ from cnnlab.errors import InputFileError
 from cnnlab.files.inputs import open_for_reading, reading
 from cnnlab.files.safety import AtomicOutput, OutputSet
 from cnnlab.files.text import READ_BYTES, read_at, wait_readable
+from cnnlab.interrupts import join_through_signals
 from cnnlab.network import Filling, ImageBuffer, OutputBatch, default_threads, unsized_capacity
 
 if TYPE_CHECKING:
@@ -199,17 +201,20 @@ class NpyImageReader:
         return None if self.stop.is_set() else (buffer, self._read_whole(count, got))
 
     def stop_to_device(self) -> None:
-        """Stop the fills under way and wait for each (the run is over), so that their buffers can be freed; the first
-        one's failure is raised once all are done."""
+        """Stop the fills still under way (a run that ended early) and wait for each, so that their buffers can be freed:
+        on a thread of its own, joined through signals, since a signal's exception inside a wait would leave its copy
+        running. What they raise is not the run's error (the run ended first), and goes unsaid."""
+        if not self._fills:
+            return
         self.stop.set()
-        failure: BaseException | None = None
+        waiting = threading.Thread(target=self._wait_for_fills, name="cnnlab-fills-stop")
+        waiting.start()
+        join_through_signals(waiting)
+
+    def _wait_for_fills(self) -> None:
         while self._fills:
-            try:
+            with suppress(Exception):
                 self._fills.popleft()[2].wait()
-            except BaseException as error:
-                failure = failure or error
-        if failure is not None:
-            raise failure
 
     def _read_whole(self, count: int, got: int) -> int:
         """`count` images read, where `got` bytes came: an error where the file ended before them."""
