@@ -86,9 +86,9 @@ class BackendOwner:
 class _Kept:
     """A backend the process keeps for a device, and the token of the CNN it holds (None: none known)."""
 
-    def __init__(self, owner: BackendOwner) -> None:
-        self.owner = owner
-        self.token: object = None
+    def __init__(self, owner: BackendOwner, token: object) -> None:
+        """`token`: that of the CNN the backend is made with, its first job's."""
+        self.owner, self.token = owner, token
 
     def run(self, cnn: Cnn, token: object, job: Callable[[Backend], Any], backend: Backend) -> Any:
         """`job(backend)` with `cnn` loaded first, unless the backend already holds the CNN of `token` (None: load it)."""
@@ -106,15 +106,16 @@ _KEPT_LOCK = threading.Lock()
 
 def on_device(device: int | None, make: Callable[[], Backend], cnn: Cnn, token: object, job: Callable[[Backend], Any]) -> Future[Any]:
     """`job(backend)` on this process's backend for `device`, made by `make` at the first job (and again after one that
-    could not be made), with `cnn` loaded into it first unless it holds the CNN of `token` already (None: a CNN with no
-    token, loaded every time). Jobs from any thread run on the backend's own thread, one at a time, in the order given.
-    The backend is kept until release_backends() or the process's end."""
+    could not be made; where `token` is given, `make` makes it with the CNN of `token`), with `cnn` loaded into it first
+    unless it holds the CNN of `token` already (None: a CNN with no token, loaded every time). Jobs from any thread run
+    on the backend's own thread, one at a time, in the order given. The backend is kept until release_backends() or the
+    process's end."""
     with _KEPT_LOCK:  # submitted under the lock: a job is never queued behind a released backend's close
         kept = _KEPT.get(device)
         if kept is None or kept.owner.failed:
             if kept is not None:
                 kept.owner.close()
-            kept = _KEPT[device] = _Kept(BackendOwner(make, f"cnnlab-backend-{'cpu' if device is None else device}"))
+            kept = _KEPT[device] = _Kept(BackendOwner(make, f"cnnlab-backend-{'cpu' if device is None else device}"), token)
         return kept.owner.submit(lambda backend: kept.run(cnn, token, job, backend))
 
 

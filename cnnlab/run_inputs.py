@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from functools import partial
+from operator import methodcaller
 from typing import Any, Protocol
 
 import numpy as np
@@ -155,7 +156,7 @@ def open_input(backend: Backend, reader: ImageReader, slots: int, trace: Tracer)
         if backend.reads_in_place and reader.map():
             return MappedNpy(reader, backend.batch_size, slots)
         if reader.seekable:
-            buffers = one_a_slot(lambda made: backend.image_buffer(made[0].capacity if made else reader.count), _free, slots)
+            buffers = one_a_slot(lambda made: backend.image_buffer(made[0].capacity if made else reader.count), methodcaller("free"), slots)
             if buffers:
                 return NpyToDevice(reader, buffers)
     batch_size = min(backend.batch_size or reader.step, reader.count, reader.capacity)  # never more than the file holds
@@ -196,10 +197,6 @@ def one_a_slot(make: Callable[[list[Any]], Any], free: Callable[[Any], None], sl
             free(each)
         raise
     return made
-
-
-def _free(buffer: ImageBuffer) -> None:
-    buffer.free()
 
 
 def free_each(frees: list[Callable[[], None]], failing: BaseException | None) -> None:

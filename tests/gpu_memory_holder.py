@@ -41,9 +41,9 @@ def hold_all_but(cuda: ctypes.CDLL, leave: int) -> int:
             return free.value
         size = min(size, want // GRAIN * GRAIN)
         if cuda.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(size)):
-            if size == GRAIN:
+            if size <= GRAIN:
                 return free.value
-            size //= 2
+            size = max(GRAIN, size // 2 // GRAIN * GRAIN)  # halved, in whole grains: it reaches GRAIN
 
 
 if __name__ == "__main__":

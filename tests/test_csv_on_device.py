@@ -45,7 +45,7 @@ class HostDoubleBuffer:
     csv.cu: it counts each range's rows itself, and says None for a range with a bad row."""
 
     def __init__(self, text_bytes: int, cut: Path | None = None, rows: int | None = None) -> None:
-        self.text_bytes, self._cut, self.fills, self.freed = text_bytes, cut, 0, False
+        self.text_bytes, self._cut, self.freed = text_bytes, cut, False
         self.rows = text_bytes // 200 + 1 if rows is None else rows
         self._texts = [np.zeros(text_bytes, np.uint8) for _ in range(2)]
         self._images = [HostImageBuffer(self.rows + INPUT_DIM) for _ in range(2)]
@@ -54,8 +54,11 @@ class HostDoubleBuffer:
         self._carry_rows = np.empty(0)
         self.ranges: list[int] = []  # each fill's bytes
 
+    @property
+    def fills(self) -> int:
+        return len(self.ranges)
+
     def start_fill(self, fd: int, offset: int, nbytes: int, stop: threading.Event) -> None:
-        self.fills += 1
         self.ranges.append(nbytes)
         if self._cut is not None and self.fills == 3:  # another program cuts the file short under the run
             os.truncate(self._cut, offset + nbytes // 2)

@@ -16,7 +16,6 @@ import argparse
 import filecmp
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from paired_wall import spread
+
 
 @dataclass(frozen=True)
 class Run:
@@ -36,11 +37,6 @@ class Run:
     startup: float
     loop: float
     gpu_bytes: int | None
-
-
-def spread(values: list[float]) -> str:
-    """The median, and the least and the most."""
-    return f"{statistics.median(values):.3f} ({min(values):.3f}..{max(values):.3f})"
 
 
 @contextmanager

@@ -259,8 +259,8 @@ def npy_file_rate(
     from cnnlab.run import run_network
 
     with make_backend() as backend:
-        runs = [run_network(backend, path, path.with_name("out.npy")) for _ in range(repeats + 1)][1:]
-    return *rate_and_spread(count, [run.loop_seconds for run in runs]), max(run.device_bytes for run in runs)
+        loops = [run_network(backend, path, path.with_name("out.npy")).loop_seconds for _ in range(repeats + 1)][1:]
+        return *rate_and_spread(count, loops), backend.peak_device_bytes
 
 
 def fp64_peak(setup: DeviceSetup) -> float | None:

@@ -35,6 +35,7 @@ from cnnlab.arrays import check_device_images, check_device_outputs, device_arra
 from cnnlab.backend import DeviceBatch, TextBatching
 from cnnlab.constants import INPUT_DIM, OUT_LAYER_SIZE
 from cnnlab.cuda import gpus
+from cnnlab.cuda.builds import KERNEL_BUILD
 from cnnlab.cuda.chunk_sources import CsvTextChunks, HostImages, ResidentImages
 from cnnlab.cuda.chunk_streams import ChunkSource, ChunkStreams, DeviceOutputs
 from cnnlab.cuda.csv_double_buffer import MIN_PARSE_ROWS, MIN_TEXT_BUFFER_BYTES, DeviceCsvDoubleBuffer, double_buffer_bytes
@@ -55,7 +56,7 @@ from cnnlab.cuda.file_buffers import FileBuffers
 from cnnlab.cuda.file_copier import DeviceImageBuffer
 from cnnlab.cuda.kernels import FindNonFinite, SumSegments
 from cnnlab.cuda.ladder import LaunchConfig, launcher
-from cnnlab.cuda.launchers import KERNEL_BUILD, Launcher
+from cnnlab.cuda.launchers import Launcher
 from cnnlab.cuda.memory import Allocator, HostCopier, is_page_locked
 from cnnlab.cuda.nvcc import ensure_modules
 from cnnlab.errors import ArrayError, UsageError
@@ -71,7 +72,7 @@ DEFAULT_TEXT_BATCH_IMAGES = 256  # images per compute() call of CSV text from ho
 TEXT_CHUNKS = 2  # chunks a text batch is dealt in, one a stream, so that one chunk's copy overlaps the other's parse
 CLOSED = "this CudaContext is closed"  # what a call after close() raises (UsageError)
 # The least device memory a run works in besides its context: the smallest CSV double buffer (a file's text parsed on
-# the device), room for the chunk streams' partials and a chunk's activations, and the weights.
+# the device), space for the chunk streams' partials and a chunk's activations, and the weights.
 MIN_RUN_BYTES = double_buffer_bytes(MIN_TEXT_BUFFER_BYTES, MIN_PARSE_ROWS) + (4 << 20)
 
 

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 TEXT_BUFFER_BYTES = 256 << 20  # a range's text at most (docs/gpu.md, "Sizes")
 MIN_TEXT_BUFFER_BYTES = 4 << 20  # never fewer (but for a smaller file): a text buffer holds a line of MAX_LINE_BYTES and more
-ROW_BYTES = INPUT_DIM * 8
+ROW_BYTES = IMAGE_BYTES // INPUT_DIM  # a row's values parsed
 # The rows a parse takes, over the rows a text buffer of the file's mean row holds: a range of shorter rows than the
 # file's mean is read again in smaller ranges (files/csv_on_device.py), so the image buffers are sized for the file's
 # rows, a tenth of what rows of MIN_ROW_BYTES would need with random values.
@@ -66,7 +66,12 @@ def rows_per_parse(text_bytes: int, row_bytes: float) -> int:
 def double_buffer_bytes(text_bytes: int, rows: int) -> int:
     """Device memory a CSV double buffer takes: two text buffers of `text_bytes`, two image buffers of `rows` rows and
     the rows an image left unfinished, the parse's scratch."""
-    return 2 * text_bytes + 2 * (rows + INPUT_DIM) * ROW_BYTES + scratch_bytes(text_bytes, rows)
+    return 2 * text_bytes + 2 * image_buffer_bytes(rows) + scratch_bytes(text_bytes, rows)
+
+
+def image_buffer_bytes(rows: int) -> int:
+    """An image buffer's bytes for a parse of `rows` rows, with the rows of an image the last parse left unfinished."""
+    return (rows + INPUT_DIM) * ROW_BYTES
 
 
 def max_rows(text_bytes: int) -> int:
@@ -90,15 +95,11 @@ class DeviceCsvDoubleBuffer:
         self.text_bytes, self.rows = text_bytes, rows
         self._csv = CsvParse(driver, memory, module, text_bytes, rows, texts=2)
         self.images: list[DeviceImageBuffer] = []
-        try:
+        try:  # where one fails, what was made goes back (the events too): the run may go on without the double buffer
             for _ in range(2):
-                self.images.append(DeviceImageBuffer(memory.device((rows + INPUT_DIM) * ROW_BYTES), rows // INPUT_DIM + 1, driver, copier))
-        except BaseException:  # what was made goes back (the events too): the run may go on without the double buffer
-            self.close()
-            raise
-        # Streams and events after the memory: where that fails, none is left for the collector to find out of context.
-        no_timing = driver.event_flags.DISABLE_TIMING
-        try:
+                self.images.append(DeviceImageBuffer(memory.device(image_buffer_bytes(rows)), rows // INPUT_DIM + 1, driver, copier))
+            # Streams and events after the memory: where that fails, none is left for the collector to find out of context.
+            no_timing = driver.event_flags.DISABLE_TIMING
             self._filled = [driver.Event(no_timing) for _ in range(2)]  # a text buffer's copies are on the device
             self._parsed = [driver.Event(no_timing) for _ in range(2)]  # its parse has read it: it may be filled again
             for event in self._parsed:
@@ -234,16 +235,12 @@ class DeviceCsvDoubleBuffer:
     def close(self) -> None:
         """Give the memory back (on the context's thread, once synchronize() has returned); the events and the stream
         go with their last reference, now, while the context is current."""
-        self._free_memory()
-        for buffer in self.images:
-            buffer.ready = None
-        self._filled = self._parsed = []
-        self._stream = None
-
-    def _free_memory(self) -> None:
         self._csv.free()
         for buffer in self.images:
             self._memory.free(buffer.allocation)
+            buffer.ready = None
+        self._filled = self._parsed = []
+        self._stream = None
 
 
 def wanted_text_bytes(file_bytes: int, images: int, batch: int | None) -> int:

@@ -193,8 +193,8 @@ def check_device_memory(driver: Driver, array: DeviceArray, what: str, device: i
         raise ArrayError(f"{what} ({array.nbytes} bytes at {array.address:#x}) run past the end of their allocation")
 
 
-def retain_context(driver: Driver, gpu: DriverDevice, number: int, need: int) -> DriverContext:
-    """GPU `gpu`'s primary context (the user's GPU `number`), made current; where the driver has no memory for it, a
+def retain_context(driver: Driver, gpu: DriverDevice, gpu_number: int, need: int) -> DriverContext:
+    """GPU `gpu`'s primary context (the user's GPU `gpu_number`), made current; where the driver has no memory for it, a
     one-line DeviceError naming the GPU, the memory it has free (NVML's count: no context needed) and `need`, the bytes
     a run needs besides its context."""
     try:
@@ -205,19 +205,19 @@ def retain_context(driver: Driver, gpu: DriverDevice, number: int, need: int) ->
         memory = nvml_memory(gpu.pci_bus_id())
         free = "" if memory is None else f", with {byte_size(memory[0])} of its {byte_size(memory[1])} free"
         raise DeviceError(
-            f"cannot start CUDA on GPU {number} ({gpu.name()}): no memory for its context{free}; "
+            f"cannot start CUDA on GPU {gpu_number} ({gpu.name()}): no memory for its context{free}; "
             f"a run needs the context and at least {byte_size(need)} more"
         ) from None
     context.push()
     return context
 
 
-def check_free_memory(driver: Driver, gpu: DriverDevice, number: int, need: int) -> None:
-    """A one-line DeviceError where the current context's GPU has less than `need` bytes free, naming the GPU."""
+def check_free_memory(driver: Driver, gpu: DriverDevice, gpu_number: int, need: int) -> None:
+    """A one-line DeviceError where the current context's GPU has less than `need` bytes free, naming the GPU (`gpu_number`)."""
     free, total = driver.mem_get_info()
     if free < need:
         raise DeviceError(
-            f"GPU {number} ({gpu.name()}) has {byte_size(free)} of its {byte_size(total)} memory free once cnnlab's context is "
+            f"GPU {gpu_number} ({gpu.name()}) has {byte_size(free)} of its {byte_size(total)} memory free once cnnlab's context is "
             f"made; a run needs at least {byte_size(need)}"
         )
 

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from cnnlab.constants import INPUT_DIM
+from cnnlab.constants import INPUT_DIM, MIN_ROW_BYTES
 from cnnlab.errors import InputFileError
 from cnnlab.extensions import note_missing
 from cnnlab.files.csv_batch import CsvBatch, announced, file_ends
@@ -42,7 +42,7 @@ WALK_PART_BYTES = 1 << 20
 # their commas. Windows are reserved for no more per line (text padded longer grows them as it is read).
 REPR_ROW_BYTES = INPUT_DIM * 25
 # The fewest bytes an image's text can take: 100 lines of 100 one-character values, 99 commas and a newline.
-MIN_IMAGE_BYTES = INPUT_DIM * (2 * INPUT_DIM)
+MIN_IMAGE_BYTES = INPUT_DIM * MIN_ROW_BYTES
 
 
 class CsvImageReader:
