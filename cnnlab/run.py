@@ -77,8 +77,12 @@ class Prefetcher:
             self._empty.put((slot,))
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._read, name="cnnlab-reader", daemon=True)
-        with trace.span("start reader"):  # start() waits for the new thread to run: milliseconds on a busy machine
-            self._thread.start()
+        try:  # start() waits for the new thread to run (milliseconds on a busy machine); a signal then is raised once it runs
+            with held(), trace.span("start reader"):
+                self._thread.start()
+        except BaseException:  # the caller's `with` never began: stop the thread here, before its slots are freed
+            self.close()
+            raise
 
     def _read(self) -> None:
         try:

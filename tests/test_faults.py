@@ -770,6 +770,37 @@ def test_a_signal_between_two_renames_waits_for_the_second(tmp_path: Path, monke
     assert files_in(tmp_path) == ["cnn.csv", "in.csv"]
 
 
+def test_a_signal_while_the_reader_starts_stops_it_before_the_caller_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGTERM that arrives as the prefetcher's thread starts, before the caller's `with` holds it, is raised once the
+    thread runs; the thread is stopped and joined first, so that it never reads into buffers the caller frees next."""
+    from cnnlab import interrupts
+    from cnnlab.run import Prefetcher
+
+    readers: list[threading.Thread] = []
+    start = threading.Thread.start
+
+    def read(slot: object, stop: threading.Event) -> None:
+        readers.append(threading.current_thread())
+        stop.wait(30)  # as a read of a stalled pipe does, until the run stops it
+
+    def start_then_signal(thread: threading.Thread) -> None:
+        start(thread)
+        if thread.name == "cnnlab-reader":
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    previous = {signum: signal.getsignal(signum) for signum in interrupts.SIGNAL_EXITS}
+    monkeypatch.setattr(threading.Thread, "start", start_then_signal)
+    try:
+        interrupts.install()
+        with pytest.raises(interrupts.Terminated):
+            Prefetcher(read, [None])
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        interrupts._received.clear()
+    assert len(readers) == 1 and not readers[0].is_alive()
+
+
 def test_a_signal_stops_a_run_whose_piped_input_stalls(tmp_path: Path, run_files: tuple[Path, Path, bytes]) -> None:
     # The reader thread waits on a pipe whose writer has gone quiet: SIGTERM ends the run now, not when the writer writes.
     cnn_path, input_path, _ = run_files
