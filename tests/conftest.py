@@ -6,10 +6,11 @@ import os
 import secrets
 import zlib
 from collections.abc import Iterator
+from functools import cache
 
 import numpy as np
 import pytest
-from helpers import gpu_lock
+from helpers import gpu_lock, why_no_gpu
 
 SESSION_SEED = int(os.environ.get("CNNLAB_TEST_SEED", secrets.randbits(32)))
 
@@ -23,12 +24,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The long profiles are asked for, not run by default: `make test` stays minutes, not a quarter of an hour."""
+    """The long profiles are asked for, not run by default: `make test` stays minutes, not a quarter of an hour. A test
+    marked gpu (`gpu(builds_kernels=True)`: it runs nvcc too) is skipped with the reason where it cannot run."""
     long = config.getoption("--long")
     skip = pytest.mark.skip(reason="a long profile: run with --long (make test PYTEST_ARGS=--long)")
+    why_not_here = cache(why_no_gpu)  # asked once a session for each kind: pycuda's import and the driver's start
     for item in items:
         if "long" in item.keywords and not long:
             item.add_marker(skip)
+        if (gpu := item.get_closest_marker("gpu")) is not None and (reason := why_not_here(**gpu.kwargs)) is not None:
+            item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.fixture(autouse=True)

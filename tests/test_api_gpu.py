@@ -8,14 +8,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import INPUT_KINDS, assert_lab_close, assert_within_rule, cpu_outputs, random_cnn, why_no_gpu
+from helpers import INPUT_KINDS, assert_lab_close, assert_within_rule, cpu_outputs, random_cnn
 from reference import reference_forward
 
 import cnnlab
 from cnnlab.generate import random_values
 
-WHY_NO_GPU = why_no_gpu()
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(WHY_NO_GPU is not None, reason=str(WHY_NO_GPU))]
+pytestmark = pytest.mark.gpu
 
 
 class Library:

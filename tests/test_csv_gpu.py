@@ -18,13 +18,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import ROOT, gpu_lock, why_no_gpu
+from helpers import ROOT, gpu_lock
 
 from cnnlab.errors import InputFileError
 from cnnlab.files.rows import check_line
 
-WHY_NO_GPU = why_no_gpu(builds_kernels=True)
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(WHY_NO_GPU is not None, reason=str(WHY_NO_GPU))]
+pytestmark = pytest.mark.gpu(builds_kernels=True)
 
 MAX_BLOCK_BYTES = 1 << 23  # the largest block a test hands over
 MAX_ROWS = 1 << 15

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import assert_one_line_error, assert_within_rule, cnnlab, cpu_outputs, random_cnn, why_no_gpu, write_files
+from helpers import assert_one_line_error, assert_within_rule, cnnlab, cpu_outputs, random_cnn, write_files
 
 from cnnlab.backend import Batch, DeviceBatch, TextBatching
 from cnnlab.constants import INPUT_DIM
@@ -26,8 +26,6 @@ from cnnlab.files.rows import Layout, RowPlace, parse_rows
 from cnnlab.generate import random_values
 from cnnlab.network import Cnn, ImageBatch, OutputBatch
 from cnnlab.run import run_network
-
-GPU = pytest.mark.skipif(why_no_gpu() is not None, reason=str(why_no_gpu()))
 
 
 class HostImageBuffer:
@@ -260,7 +258,6 @@ def test_the_last_row_s_end(text: bytes, end: int | None) -> None:
     assert last_row_end(text) == end
 
 
-@GPU
 @pytest.mark.gpu
 @pytest.mark.parametrize("batch", [None, "3", "40"])
 def test_cuda_mode_on_csv_gives_cpu_mode_s_outputs(tmp_path: Path, rng: np.random.Generator, batch: str | None) -> None:

@@ -17,7 +17,6 @@ from helpers import (
     input_lines,
     random_cnn,
     read_all_images,
-    why_no_gpu,
     write_files,
 )
 
@@ -27,8 +26,7 @@ from cnnlab.generate import random_values
 from cnnlab.network import Cnn, ImageBatch
 from cnnlab.resources import resource_dir
 
-WHY_NO_GPU = why_no_gpu()
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(WHY_NO_GPU is not None, reason=str(WHY_NO_GPU))]
+pytestmark = pytest.mark.gpu
 
 
 def context(cnn: Cnn, batch_size: int | None = None, **config: int):

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import assert_within_rule, cnnlab, random_cnn, why_no_gpu
+from helpers import assert_within_rule, cnnlab, random_cnn
 
 import cnnlab as cnnlab_api
 from cnnlab.errors import OutputFileError
@@ -27,8 +27,6 @@ distributed = pytest.importorskip("distributed", reason=WHY)
 cloudpickle = pytest.importorskip("cloudpickle", reason=WHY)  # a dependency of dask's
 
 from cnnlab import dask_forward, owner  # noqa: E402  (after the skips: dask_forward is imported only where Dask is)
-
-WHY_NO_GPU = why_no_gpu()
 
 
 @pytest.fixture(scope="module")
@@ -241,7 +239,6 @@ def test_the_folder_recipe_warns_refuses_and_passes_on_errors(client: Any, tmp_p
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(WHY_NO_GPU is not None, reason=str(WHY_NO_GPU))
 @pytest.mark.parametrize("device", ["cuda", "cuda:0"])
 def test_on_the_gpu_within_the_lab_rule(client: Any, tmp_path: Path, rng: np.random.Generator, device: str) -> None:
     cnn, images = random_cnn(rng), random_values(rng, 300, 100, 100)

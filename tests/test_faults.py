@@ -26,7 +26,6 @@ from helpers import (
     cnnlab,
     cpu_outputs,
     random_cnn,
-    why_no_gpu,
     write_files,
 )
 
@@ -43,9 +42,8 @@ from cnnlab.network import Cnn, ImageBatch, OutputBatch
 from cnnlab.run import run_network
 
 CLOSED_PIPE_STATUS = 128 + signal.SIGPIPE
-WHY_NO_GPU = why_no_gpu()
 # cuda mode reads and checks its files as cpu mode does; on a machine with a GPU the faults that involve the run go through it too.
-RUN_MODES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(WHY_NO_GPU is not None, reason=str(WHY_NO_GPU))])]
+RUN_MODES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 def files_in(folder: Path) -> list[str]:

@@ -17,15 +17,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import ROOT, SUBPROCESS_ENV, assert_one_line_error, cnnlab, random_cnn, why_no_gpu, write_files
+from helpers import ROOT, SUBPROCESS_ENV, assert_one_line_error, cnnlab, random_cnn, write_files
 
 from cnnlab.cli import main as cli
 from cnnlab.cpu.backend import CpuBackend
 from cnnlab.cuda import gpus
 from cnnlab.errors import DeviceError
 from cnnlab.generate import random_values
-
-GPU = pytest.mark.skipif(why_no_gpu() is not None, reason=str(why_no_gpu()))
 
 
 @pytest.fixture
@@ -234,7 +232,6 @@ def test_the_driver_starts_with_two_hardware_queues_a_context_unless_the_user_ch
     assert started.stdout.split() == [given]
 
 
-@GPU
 @pytest.mark.gpu
 def test_a_run_starts_only_its_gpu_and_numbers_it_as_the_machine_does() -> None:
     """Started for GPU N, the driver sees one GPU, and it is the one the machine numbers N (the same PCI bus)."""
@@ -247,7 +244,6 @@ def test_a_run_starts_only_its_gpu_and_numbers_it_as_the_machine_does() -> None:
         assert started.stdout.split() == ["1", bus_id]
 
 
-@GPU
 @pytest.mark.gpu
 @pytest.mark.parametrize("restricted", [False, True])
 def test_the_gpu_choice_faults_say_what_they_said_with_every_gpu_visible(

@@ -17,7 +17,7 @@ from unittest.mock import patch
 
 import numpy as np
 import pytest
-from helpers import assert_one_line_error, cnnlab, cpu_outputs, random_cnn, why_no_gpu, write_files
+from helpers import assert_one_line_error, cnnlab, cpu_outputs, random_cnn, write_files
 
 from cnnlab.backend import Batch, DeviceBatch, TextBatching
 from cnnlab.constants import IMAGE_BYTES, INPUT_DIM
@@ -28,8 +28,6 @@ from cnnlab.files.csv_batch import CsvBatch
 from cnnlab.generate import random_values, write_cnn_file
 from cnnlab.network import Cnn, ImageBatch, OutputBatch
 from cnnlab.run import run_network
-
-GPU = pytest.mark.skipif(why_no_gpu() is not None, reason=str(why_no_gpu()))
 
 
 @dataclass(frozen=True)
@@ -314,7 +312,6 @@ def test_several_gpus_image_buffers_name_a_nan_and_refuse_a_cut_file(tmp_path: P
     assert all(buffer.freed for backend in gpus_backend._backends for buffer in backend.buffers)  # type: ignore[attr-defined]
 
 
-@GPU
 @pytest.mark.gpu
 @pytest.mark.parametrize("nbytes", [1, 4 << 20, (4 << 20) + 8, (37 << 20) + 123])
 def test_the_copier_puts_a_file_s_bytes_on_the_device(tmp_path: Path, nbytes: int) -> None:
@@ -348,7 +345,6 @@ def test_the_copier_puts_a_file_s_bytes_on_the_device(tmp_path: Path, nbytes: in
         buffer.free()
 
 
-@GPU
 @pytest.mark.gpu
 def test_cuda_mode_on_a_npy_file_gives_the_copied_path_s_outputs(tmp_path: Path, rng: np.random.Generator) -> None:
     """The same images through the buffers (cnnlab cuda on a regular file) and through page-locked buffers (the Python
@@ -371,7 +367,6 @@ def test_cuda_mode_on_a_npy_file_gives_the_copied_path_s_outputs(tmp_path: Path,
     assert not (tmp_path / "bad.npy").exists()
 
 
-@GPU
 @pytest.mark.gpu
 def test_two_contexts_image_buffers_give_one_context_s_outputs(tmp_path: Path, rng: np.random.Generator) -> None:
     """Several GPUs' buffers, two contexts on GPU 0 standing in: each fills its shard in turn, the outputs the same bytes

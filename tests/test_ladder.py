@@ -23,7 +23,6 @@ from helpers import (
     assert_within_rule,
     cnnlab,
     random_cnn,
-    why_no_gpu,
     write_files,
 )
 
@@ -36,12 +35,6 @@ from cnnlab.generate import random_values
 from cnnlab.network import Cnn, ImageBatch
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (the CUDA toolkit) is not installed here")
-WHY_NO_GPU = why_no_gpu()
-
-
-def on_gpu(test):
-    """A test that needs pycuda and a GPU: marked `gpu`, skipped with the reason elsewhere."""
-    return pytest.mark.gpu(pytest.mark.skipif(WHY_NO_GPU is not None, reason=str(WHY_NO_GPU))(test))
 
 
 ENTRY_POINTS = {
@@ -191,7 +184,7 @@ def counts(rung: ladder.Rung) -> tuple[int, int]:
     return (23, 10) if rung.name == "lab" else (333, 150)
 
 
-@on_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("rung", ladder.RUNGS, ids=lambda rung: rung.name)
 def test_every_rung_computes_the_cpus_outputs(rng: np.random.Generator, rung: ladder.Rung) -> None:
     cnn = random_cnn(rng)
@@ -204,7 +197,7 @@ def test_every_rung_computes_the_cpus_outputs(rng: np.random.Generator, rung: la
         assert_within_rule(got, want, cnn, images)
 
 
-@on_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("rung", ladder.RUNGS, ids=lambda rung: rung.name)
 def test_the_conv_is_bit_exact_where_the_rung_says_so(rng: np.random.Generator, rung: ladder.Rung) -> None:
     """With one weight of 1 per neuron and the rest 0, every dense sum is exact in any order: output n
@@ -224,7 +217,7 @@ def test_the_conv_is_bit_exact_where_the_rung_says_so(rng: np.random.Generator, 
             assert_within_rule(got, want, cnn, images)
 
 
-@on_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("kernel", ["lab", "fused_tiled", "im2col_mma"])
 def test_cli_cuda_kernel_end_to_end_passes_compare(tmp_path: Path, rng: np.random.Generator, kernel: str) -> None:
     cnn = random_cnn(rng)
@@ -238,7 +231,7 @@ def test_cli_cuda_kernel_end_to_end_passes_compare(tmp_path: Path, rng: np.rando
     assert comparison.matches and comparison.values == 370, comparison.problem
 
 
-@on_gpu
+@pytest.mark.gpu
 def test_time_kernels_gives_the_outputs_compute_gives(rng: np.random.Generator) -> None:
     from cnnlab.bench.gpu import time_kernels
     from cnnlab.cuda.context import CudaContext, DeviceImages
@@ -254,7 +247,7 @@ def test_time_kernels_gives_the_outputs_compute_gives(rng: np.random.Generator) 
     assert timing.outputs.values.view(np.uint64).tolist() == want.view(np.uint64).tolist()
 
 
-@on_gpu
+@pytest.mark.gpu
 def test_rung_12_gives_the_same_bits_whatever_its_passes(rng: np.random.Generator) -> None:
     """The passes of rung 12 cut a chunk where they may: each image's sums are the same whichever pass holds it."""
     from cnnlab.bench.gpu import time_kernels
@@ -271,7 +264,7 @@ def test_rung_12_gives_the_same_bits_whatever_its_passes(rng: np.random.Generato
     assert_within_rule(outputs[0], cpu_outputs(cnn, images), cnn, images)
 
 
-@on_gpu
+@pytest.mark.gpu
 def test_bench_kernels_rows_hold_every_rung_checked(tmp_path: Path) -> None:
     result = cnnlab("bench", "--rows", "kernels", "--images", "2048", "--repeats", "2", "--json", tmp_path / "b.json")
     assert result.returncode == 0, result.stderr

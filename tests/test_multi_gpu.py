@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import assert_one_line_error, assert_within_rule, cnnlab, cpu_outputs, random_cnn, why_no_gpu, write_files
+from helpers import assert_one_line_error, assert_within_rule, cnnlab, cpu_outputs, random_cnn, write_files
 
 from cnnlab.cli import commands
 from cnnlab.cli import main as cli
@@ -27,8 +27,6 @@ from cnnlab.generate import random_values
 from cnnlab.network import Cnn, ImageBatch
 from cnnlab.owner import BackendOwner
 from cnnlab.run import run_network
-
-GPU = pytest.mark.skipif(why_no_gpu() is not None, reason=str(why_no_gpu()))
 
 
 class StandIn(CpuBackend):
@@ -170,7 +168,6 @@ def test_gpus_are_named_by_index(arguments: list[str], message: str) -> None:
     assert message in assert_one_line_error(cnnlab("cuda", *arguments))
 
 
-@GPU
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["in.csv", "in.npy"])
 def test_two_contexts_on_one_gpu_write_what_one_context_writes(tmp_path: Path, rng: np.random.Generator, name: str) -> None:
@@ -186,7 +183,6 @@ def test_two_contexts_on_one_gpu_write_what_one_context_writes(tmp_path: Path, r
     assert_within_rule(np.array(read_output_rows(tmp_path / "two.csv")), cpu_outputs(cnn, images), cnn, images)
 
 
-@GPU
 @pytest.mark.gpu
 def test_a_gpu_that_does_not_exist_is_one_line_naming_how_many_there_are(rng: np.random.Generator) -> None:
     import pycuda.driver as driver

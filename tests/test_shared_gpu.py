@@ -13,12 +13,12 @@ from pathlib import Path
 import helpers
 import numpy as np
 import pytest
-from helpers import assert_one_line_error, assert_within_rule, cnnlab, cpu_outputs, random_cnn, why_no_gpu, write_files
+from helpers import assert_one_line_error, assert_within_rule, cnnlab, cpu_outputs, random_cnn, write_files
 
 from cnnlab.files.formats import read_outputs
 from cnnlab.generate import random_values
 
-pytestmark = [pytest.mark.skipif(why_no_gpu() is not None, reason=str(why_no_gpu())), pytest.mark.gpu]
+pytestmark = pytest.mark.gpu
 
 
 class GpuMemoryHolder:

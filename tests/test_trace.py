@@ -14,9 +14,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import SUBPROCESS_ENV, assert_one_line_error, cnnlab, random_cnn, why_no_gpu, write_files
+from helpers import SUBPROCESS_ENV, assert_one_line_error, cnnlab, random_cnn, write_files
 
-WHY_NO_GPU = why_no_gpu()
 # Nanoseconds become microseconds in floats: a span's end, ts + dur, may pass its parent's by a rounding.
 ROUNDING_US = 1e-3
 
@@ -277,7 +276,6 @@ def test_stream_spans_share_a_group_s_boundaries_and_reuse_settled_events(monkey
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(WHY_NO_GPU is not None, reason=str(WHY_NO_GPU))
 @pytest.mark.parametrize("host_parse", [False, True], ids=["gpu-parse", "host-parse"])
 def test_cuda_trace_chunks_has_each_stream_s_copies_and_the_rung_s_kernels(
     files: tuple[Path, Path], tmp_path: Path, host_parse: bool
@@ -316,7 +314,6 @@ def test_cuda_trace_chunks_has_each_stream_s_copies_and_the_rung_s_kernels(
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(WHY_NO_GPU is not None, reason=str(WHY_NO_GPU))
 @pytest.mark.parametrize("host_parse", [False, True], ids=["gpu-parse", "host-parse"])
 def test_cuda_trace_has_a_span_of_each_batch_on_each_stream_and_no_chunk_s(
     files: tuple[Path, Path], tmp_path: Path, host_parse: bool
