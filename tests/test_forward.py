@@ -150,6 +150,7 @@ def test_cnnlab_cpu_isa_refuses_kernels_that_cannot_run(monkeypatch: pytest.Monk
 def test_cnnlab_cpu_isa_chooses_the_kernels(monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator, isa: str) -> None:
     cnn = random_cnn(rng)
     images = random_values(rng, 9, 100, 100)
+    monkeypatch.delenv(ISA_VARIABLE, raising=False)  # a suite run under CNNLAB_CPU_ISA: the widest first all the same
     with CpuBackend(cnn, threads=2) as widest:
         want = widest.compute(ImageBatch(images)).values
         assert widest.device.endswith(f", {backend.CPU_ISAS[0]}")
@@ -228,11 +229,11 @@ def test_relu_zeroes_negative_convolutions_only(rng: np.random.Generator) -> Non
     weights = np.zeros((10, 4000))
     weights[np.arange(10), np.arange(10)] = 1.0  # output n = conv0[0][n]
     images = random_values(rng, 2, 100, 100)
+    images[0, 0, 0], images[0, 0, 5] = -abs(images[0, 0, 0]), abs(images[0, 0, 5])  # corners of either sign, always
     with CpuBackend(Cnn(filters, weights)) as backend:
         got = backend.compute(ImageBatch(images)).values
     corners = images[:, 0, 0:50:5]
     assert (got == np.where(corners < 0, 0.0, corners)).all()
-    assert (corners < 0).any() and (corners > 0).any()
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])

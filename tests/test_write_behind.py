@@ -4,6 +4,7 @@ output is a regular file, a failure raised on the caller's thread, nothing writt
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -69,6 +70,9 @@ def test_a_failed_write_is_raised_by_the_next_write(rng: np.random.Generator) ->
     with pytest.raises(OSError, match="No space left"), WriteBehind(output) as writer:
         writer.write(given[0])
         assert output.failed.wait(10)
+        deadline = time.monotonic() + 10  # the writer's thread keeps the error a moment after the write raised it
+        while writer._error is None and time.monotonic() < deadline:
+            time.sleep(0.001)
         writer.write(given[1])
         went_on = True
     assert not went_on and output.batches == []
