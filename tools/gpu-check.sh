@@ -2,7 +2,7 @@
 # Everything the GPU path needs checked, on a machine with a GPU (the lab's H100 through the device
 # tool): install the wheels in .wheelhouse (PyCUDA and its needs), build the native CSV parser for
 # this Python and the kernels' fatbins, then the stages asked for. Logs and figures go to $OUT
-# (default out/gpu); big files to $WORK (default /tmp).
+# (default out/gpu); big files to $WORK (default /tmp), the 30,000-image job's kept for every stage that uses it.
 #   tools/gpu-check.sh [STAGE ...]   (default: tests bench bar startup npy memory failrate long ladder)
 #   tests     every test, GPU ones and the fuzz tests' long profiles (--long) included, on every core
 #   bench     cnnlab bench, every row, with --json and --plot
@@ -89,9 +89,9 @@ job30k() {  # the 30,000-image CSV job (5.6 GB) in $WORK/job, in the page cache:
   fi
   cat "$WORK/job/in30k.csv" > /dev/null
 }
-job3k() {  # the first 3,000 images of the 30,000-image job (made once)
+job3k() {  # 3,000 CSV images beside the 30,000-image job, as $WORK/job/in3k.csv (made once)
   job30k
-  [ -f "$WORK/job/in3k.csv" ] || cnnlab generate --images 3000 --seed 3 --out-dir "$WORK/job3k"
+  [ -f "$WORK/job3k/in.csv" ] || cnnlab generate --images 3000 --seed 3 --out-dir "$WORK/job3k"
   ln -sf "$WORK/job3k/in.csv" "$WORK/job/in3k.csv"
 }
 npy200k() {  # 200,000 fresh images in $WORK/job/in200k.npy (16 GB), in the page cache (made once)
@@ -265,8 +265,7 @@ for stage in $stages; do
         echo "-- cuda, 30,000 CSV images, phase by phase"
         python3 tools/profile_startup.py cuda "$WORK/job/cnn.csv" "$WORK/job/in30k.csv" "$WORK/job/out_cuda.csv" >/dev/null
         cnnlab compare "$WORK/job/out_cpu.csv" "$WORK/job/out_cuda.csv"
-      } 2>&1 | tee "$OUT/cpujob.log" || status=1
-      rm -rf "$WORK/job" ;;
+      } 2>&1 | tee "$OUT/cpujob.log" || status=1 ;;
     trace)
       job30k
       {
@@ -278,8 +277,7 @@ for stage in $stages; do
         cnnlab cuda "$WORK/job/cnn.csv" "$WORK/job/in30k.csv" "$WORK/job/out.csv" --trace "$OUT/trace-cuda-chunks.json.gz" --trace-chunks
         cnnlab trace-plot "$OUT/trace-cuda-chunks.json.gz" "$OUT/trace-cuda-chunks.png"
         python3 -m pytest -q -rs -p no:cacheprovider tests/test_trace.py
-      } 2>&1 | tee "$OUT/trace.log" || status=1
-      rm -rf "$WORK/job" ;;
+      } 2>&1 | tee "$OUT/trace.log" || status=1 ;;
     sweep)
       for config in "512 3" "2048 3" "512 3" "2048 3" "1024 3" "2048 4"; do
         set -- $config
@@ -333,8 +331,7 @@ PY
         against --pairs 15 --label "default data" cuda data/cnn.csv data/in.csv
         against --pairs 5 --label "30,000 CSV images" cuda "$WORK/job/cnn.csv" "$WORK/job/in30k.csv"
         against --pairs 5 --label "200,000 .npy images" cuda "$WORK/job/cnn.csv" "$WORK/job/in200k.npy"
-      } 2>&1 | tee "$OUT/against.log" || status=1
-      rm -rf "$WORK/job" ;;
+      } 2>&1 | tee "$OUT/against.log" || status=1 ;;
     sizes)
       job3k; job30k; npy200k
       {
