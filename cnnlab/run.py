@@ -54,9 +54,9 @@ class RunStats:
 
 
 class Prefetcher:
-    """Reads batches on a thread, a slot ahead where the input has two, so that reading the next batch overlaps computing
-    this one; yields them in input order. (An input that fills device buffers itself, ahead of its reads, has one slot:
-    run_inputs.py.)
+    """Reads batches on a thread (started as its `with` block begins), a slot ahead where the input has two, so that
+    reading the next batch overlaps computing this one; yields them in input order. (An input that fills device buffers
+    itself, ahead of its reads, has one slot: run_inputs.py.)
 
     `read(slot, stop)` fills a slot (a buffer, or only a turn: run_inputs.py) with the next batch, or returns None at
     the end; it checks `stop` between steps, so that leaving early never waits for a whole batch, and never leaves the
@@ -77,17 +77,11 @@ class Prefetcher:
             self._empty.put((slot,))
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._read, name="cnnlab-reader", daemon=True)
-        try:  # start() waits for the new thread to run (milliseconds on a busy machine); a signal then is raised once it runs
-            with held(), trace.span("start reader"):
-                self._thread.start()
-        except BaseException:  # the caller's `with` never began: stop the thread here, before its slots are freed
-            self.close()
-            raise
 
     def _read(self) -> None:
         try:
             for number in itertools.count():
-                if (item := self._empty.get()) is None:
+                if (item := self._empty.get()) is None or self._closed.is_set():  # closed before this thread ran: no read
                     return
                 with self._trace.span("read batch", batch=number):
                     batch = self._read_batch(item[0], self._closed)
@@ -120,6 +114,12 @@ class Prefetcher:
         join_through_signals(self._thread)
 
     def __enter__(self) -> Prefetcher:
+        try:
+            with self._trace.span("start reader"):  # start() waits for the new thread to run: milliseconds on a busy machine
+                self._thread.start()
+        except BaseException:  # a signal: __exit__ will not run, so the thread is stopped here (or, not yet running, reads nothing)
+            self.close()
+            raise
         return self
 
     def __exit__(self, *exc_info: object) -> None:

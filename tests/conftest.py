@@ -32,7 +32,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "long" in item.keywords and not long:
             item.add_marker(skip)
-        if (gpu := item.get_closest_marker("gpu")) is not None and (reason := why_not_here(**gpu.kwargs)) is not None:
+        marks = list(item.iter_markers("gpu"))  # the test's own and its module's: builds_kernels if any says so
+        if marks and (reason := why_not_here(any(mark.kwargs.get("builds_kernels", False) for mark in marks))) is not None:
             item.add_marker(pytest.mark.skip(reason=reason))
 
 

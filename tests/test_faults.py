@@ -769,8 +769,8 @@ def test_a_signal_between_two_renames_waits_for_the_second(tmp_path: Path, monke
 
 
 def test_a_signal_while_the_reader_starts_stops_it_before_the_caller_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A SIGTERM that arrives as the prefetcher's thread starts, before the caller's `with` holds it, is raised once the
-    thread runs; the thread is stopped and joined first, so that it never reads into buffers the caller frees next."""
+    """A SIGTERM that arrives as the prefetcher's thread starts (in __enter__, so before the `with` block holds it): the
+    thread is stopped and joined before it is raised, so that it never reads into buffers the caller frees next."""
     from cnnlab import interrupts
     from cnnlab.run import Prefetcher
 
@@ -790,13 +790,26 @@ def test_a_signal_while_the_reader_starts_stops_it_before_the_caller_goes_on(mon
     monkeypatch.setattr(threading.Thread, "start", start_then_signal)
     try:
         interrupts.install()
-        with pytest.raises(interrupts.Terminated):
-            Prefetcher(read, [None])
+        with pytest.raises(interrupts.Terminated), Prefetcher(read, [None]):
+            pytest.fail("the block ran")
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         interrupts._received.clear()
     assert len(readers) == 1 and not readers[0].is_alive()
+
+
+def test_a_reader_thread_that_runs_only_after_close_reads_nothing() -> None:
+    """Without the command line's handlers (the API in a notebook) a SIGINT inside Thread.start() can leave the thread
+    launched but not yet running, which close() cannot join: once it runs, it reads nothing into the caller's slots."""
+    from cnnlab.run import Prefetcher
+
+    reads: list[object] = []
+    prefetcher = Prefetcher(lambda slot, stop: reads.append(slot), ["slot"])
+    prefetcher.close()
+    prefetcher._thread.start()  # as the launched thread would run, late
+    prefetcher._thread.join(10)
+    assert reads == [] and not prefetcher._thread.is_alive()
 
 
 def test_a_signal_stops_a_run_whose_piped_input_stalls(tmp_path: Path, run_files: tuple[Path, Path, bytes]) -> None:
