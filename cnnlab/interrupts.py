@@ -32,7 +32,7 @@ SIGNAL_EXITS: dict[int, tuple[type[BaseException], str]] = {
     signal.SIGHUP: (Terminated, "hung up"),  # the terminal closed
 }
 _received: list[int] = []  # the signals that arrived in this process (a process is one run)
-_holding = 0  # how many held() blocks the main thread is in
+_holding = 0  # how many held() blocks are open: the command line's, on its main thread (elsewhere no handler reads it)
 
 
 def _raise_for(signum: int, frame: object) -> None:
