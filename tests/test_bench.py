@@ -48,8 +48,8 @@ def test_bench_cpu_rows_against_the_memory_bound_and_the_peers(tmp_path: Path) -
     assert float(line.split()[-6].replace(",", "")) == pytest.approx(forward["images_per_second"], rel=1e-6, abs=1)
     multiple = forward["images_per_second"] / plain["images_per_second"]
     assert f"cpu: the forward is {multiple:.1f}x plain C++ loop" in result.stdout
-    for figure in (forward, plain):  # timed in turns, each with its repeats' spread
-        assert figure["spread"][0] <= figure["images_per_second"] <= figure["spread"][1]
+    for figure in (forward, plain):  # timed in turns, each with its repeats' range
+        assert figure["repeat_range"][0] <= figure["images_per_second"] <= figure["repeat_range"][1]
     assert "cpu: the forward against the plain loop, turn by turn: " in result.stdout
     assert torch or "note: peer torch not run: not installed" in result.stdout
 
@@ -315,7 +315,7 @@ def test_bench_startup_rows_time_whole_processes_beside_the_floor(tmp_path: Path
     report = json.loads((tmp_path / "b.json").read_text())
     names = [row["name"] for row in report["startup"]]
     cpu = next(row for row in report["startup"] if row["name"].startswith("cnnlab cpu"))
-    assert 0 < cpu["spread"][0] <= cpu["seconds"] <= cpu["spread"][1] < 30
+    assert 0 < cpu["repeat_range"][0] <= cpu["seconds"] <= cpu["repeat_range"][1] < 30
     if names[0].startswith("floor"):
         floor, bare_process = report["startup"][:2]
         cuda = next(row for row in report["startup"] if row["name"].startswith("cnnlab cuda"))
@@ -325,7 +325,7 @@ def test_bench_startup_rows_time_whole_processes_beside_the_floor(tmp_path: Path
         gpus = machine_count() or 0
         if gpus > 1 and VISIBLE not in os.environ:  # each count of GPUs from 2, both ways
             assert [row["name"].split(":")[1].split()[0] for row in several] == [str(n) for n in range(2, gpus + 1) for _ in "ab"]
-            assert all(0 < row["spread"][0] <= row["seconds"] <= row["spread"][1] < 30 for row in several)
+            assert all(0 < row["repeat_range"][0] <= row["seconds"] <= row["repeat_range"][1] < 30 for row in several)
         else:
             assert not several
     else:

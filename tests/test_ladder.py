@@ -138,7 +138,8 @@ def test_the_ladder_table_measures_each_rung_against_the_bound_the_rung_below_an
     report = BenchReport(BenchOptions(), fp64_peak=1e12)
     report.figures += [
         Figure("kernels", "bound: device-to-device copy", 1000.0, key=D2D_BOUND),
-        Figure("kernels", "1 lab", 10.0, D2D_BOUND, bytes_per_image=100, flops_per_image=1e6, spread=(9.0, 11.0), check="within rule"),
+        Figure("kernels", "1 lab", 10.0, D2D_BOUND, bytes_per_image=100, flops_per_image=1e6, repeat_range=(9.0, 11.0),
+               check="within rule"),
         Figure("kernels", "2 batched_global", 40.0, D2D_BOUND, bytes_per_image=100, flops_per_image=1e6, check="bit-exact"),
         Figure("peers", "peer: a", 8.0, D2D_BOUND, flops_per_image=1e6, check="within rule"),
         Figure("peers", "peer: b", 20.0, D2D_BOUND, flops_per_image=1e6, check="within rule"),
@@ -273,6 +274,6 @@ def test_bench_kernels_rows_hold_every_rung_checked(tmp_path: Path) -> None:
     assert [int(figure["name"].split()[0]) for figure in rungs] == list(range(1, 13))
     for figure in rungs:
         assert figure["check"] in ("bit-exact", "within rule"), figure
-        assert 0 < figure["of_bound"] < 1.5 and figure["spread"][0] <= figure["images_per_second"] <= figure["spread"][1]
+        assert 0 < figure["of_bound"] < 1.5 and figure["repeat_range"][0] <= figure["images_per_second"] <= figure["repeat_range"][1]
     assert "block sweep" in " ".join(report["notes"]) and re.search(r"best rung: \d+ \w+", result.stdout)
     print(result.stdout)

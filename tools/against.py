@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from paired_wall import spread
+from paired_wall import median_and_range
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ def main() -> int:
     print(f"== {label}: A this checkout, B {before}; {args.pairs} pairs in turns; outputs {'identical' if same else 'DIFFER'}")
     for name in ("wall", "startup", "loop"):
         a, b = ([getattr(each, name) for each in side] for side in runs)
-        print(f"  {name:<8} A {spread(a)}  B {spread(b)}  A/B {spread([x / y for x, y in zip(a, b)])}")
+        print(f"  {name:<8} A {median_and_range(a)}  B {median_and_range(b)}  A/B {median_and_range([x / y for x, y in zip(a, b)])}")
     for side, runs_of in zip("AB", runs):
         peaks = [each.gpu_bytes for each in runs_of if each.gpu_bytes is not None]
         if peaks:

@@ -1,6 +1,6 @@
 """Two commands timed as whole processes in turns, A B A B ..., and the ratio A/B taken pair by pair.
 The `gpus` stage of tools/gpu-check.sh runs it; otherwise it is run by hand, on any machine (the 2-core machine, which
-has no GPU, among them); tools/trace_overhead.py takes its spread().
+has no GPU, among them); tools/trace_overhead.py and tools/against.py take its median_and_range().
 
     python tools/paired_wall.py [--pairs 25] [--settle 0] --a "COMMAND A" --b "COMMAND B"
 
@@ -24,7 +24,7 @@ from functools import partial
 from cnnlab.bench.report import alternated_seconds
 
 
-def spread(values: list[float]) -> str:
+def median_and_range(values: list[float]) -> str:
     """The median of the runs, and the least and the most of them."""
     return f"{statistics.median(values):.3f} ({min(values):.3f}..{max(values):.3f})"
 
@@ -38,9 +38,9 @@ def main() -> None:
     args = parser.parse_args()
     run = partial(subprocess.run, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
     a, b = alternated_seconds([partial(run, shlex.split(args.a)), partial(run, shlex.split(args.b))], args.pairs, args.settle)
-    print(f"A wall s   {spread(a)}")
-    print(f"B wall s   {spread(b)}")
-    print(f"A/B wall   {spread([x / y for x, y in zip(a, b)])}   ({args.pairs} pairs)")
+    print(f"A wall s   {median_and_range(a)}")
+    print(f"B wall s   {median_and_range(b)}")
+    print(f"A/B wall   {median_and_range([x / y for x, y in zip(a, b)])}   ({args.pairs} pairs)")
 
 
 if __name__ == "__main__":

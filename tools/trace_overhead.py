@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from paired_wall import spread
+from paired_wall import median_and_range
 
 if TYPE_CHECKING:
     from cnnlab.run import RunStats
@@ -101,13 +101,14 @@ def main() -> None:
         command = [sys.executable, "-m", "cnnlab", args.mode, args.cnn, args.input, str(out), "--trace", args.trace]
         subprocess.run(command, stdout=subprocess.DEVNULL, check=True)
     untraced_loop = statistics.median(run.loop_seconds for run in plain.runs)
-    print(f"{plain.name:<20} loop s {spread([run.loop_seconds for run in plain.runs])}")
+    print(f"{plain.name:<20} loop s {median_and_range([run.loop_seconds for run in plain.runs])}")
     for arm in traced:
         ratios = [b.loop_seconds / a.loop_seconds for a, b in zip(plain.runs, arm.runs)]
         low, high = median_interval(ratios)
         main_thread = statistics.median(b.work_seconds - a.work_seconds for a, b in zip(plain.runs, arm.runs))  # compute()
-        print(f"{arm.name:<20} loop s {spread([run.loop_seconds for run in arm.runs])}")
-        print(f"  ratio to without   {spread(ratios)}   ({args.runs} turns, {args.mode}; the median's 90% interval {low:.3f}..{high:.3f})")
+        print(f"{arm.name:<20} loop s {median_and_range([run.loop_seconds for run in arm.runs])}")
+        interval = f"the median's 90% interval {low:.3f}..{high:.3f}"
+        print(f"  ratio to without   {median_and_range(ratios)}   ({args.runs} turns, {args.mode}; {interval})")
         print(f"  compute() with it  {main_thread * 1e3:+.1f} ms a run (median of the turns' differences), "
               f"{main_thread / untraced_loop:.1%} of the untraced loop's median, {untraced_loop:.3f} s")
 

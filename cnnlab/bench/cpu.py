@@ -16,7 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from cnnlab.bench.peers import run_peers
-from cnnlab.bench.report import BenchOptions, Figure, Traffic, alternated_seconds, median_rate, rate_and_spread
+from cnnlab.bench.report import BenchOptions, Figure, Traffic, alternated_seconds, median_rate, rate_and_range
 from cnnlab.constants import FLOPS_PER_IMAGE, IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE
 from cnnlab.cpu.backend import CpuBackend, Forward, kernel_isa
 from cnnlab.cpu.numpy_forward import NumpyForward
@@ -53,12 +53,12 @@ def bench_cpu(cnn: Cnn, options: BenchOptions, rng: np.random.Generator, seed: i
         finally:
             if native is not None:
                 native.close()
-    rate, spread = rate_and_spread(count, forward_seconds)
-    figures.append(Figure("cpu", f"cpu: forward ({backend.device})", rate, MEMORY_BOUND, spread=spread, **model))
+    rate, repeat_range = rate_and_range(count, forward_seconds)
+    figures.append(Figure("cpu", f"cpu: forward ({backend.device})", rate, MEMORY_BOUND, repeat_range=repeat_range, **model))
     if native is not None:
-        rate, spread = rate_and_spread(count, plain_seconds[0])
+        rate, repeat_range = rate_and_range(count, plain_seconds[0])
         figures.append(Figure("cpu", f"peer: plain C++ loop, 8 images a vector ({threads} threads, {native.isa})", rate,
-                              MEMORY_BOUND, spread=spread, check=_bit_exact(out, want), **model))
+                              MEMORY_BOUND, repeat_range=repeat_range, check=_bit_exact(out, want), **model))
         turns = sorted(plain / forward for forward, plain in zip(forward_seconds, plain_seconds[0]))
         notes.append(f"cpu: the forward against the plain loop, turn by turn: {turns[0]:.1f}x..{turns[-1]:.1f}x")
     numpy = NumpyForward(cnn.filters, cnn.weights, threads)

@@ -24,7 +24,7 @@ import numpy as np
 
 from cnnlab.bench.gpus import COPY_BYTES, aggregate_bound
 from cnnlab.bench.peers import run_peers
-from cnnlab.bench.report import D2D_BOUND, BenchOptions, BenchReport, Figure, median_rate, rate_and_spread
+from cnnlab.bench.report import D2D_BOUND, BenchOptions, BenchReport, Figure, median_rate, rate_and_range
 from cnnlab.compare import rule_verdict
 from cnnlab.constants import FLOPS_PER_IMAGE, IMAGE_BYTES, INPUT_DIM, OUT_LAYER_SIZE, OUT_NEURON_DIM
 from cnnlab.cpu.backend import CpuBackend
@@ -199,10 +199,10 @@ def batched_rows(
             report.figures.append(Figure("pinned", name, rate, "h2d", bytes_per_image=host_bytes, flops_per_image=FLOPS_PER_IMAGE))
         if "npy" in options.rows:
             with npy_in_page_cache(host) as path:
-                rate, spread, device_bytes = npy_file_rate(partial(CudaContext, cnn, config=config), path, len(host), options.repeats)
+                rate, repeat_range, device_bytes = npy_file_rate(partial(CudaContext, cnn, config=config), path, len(host), options.repeats)
                 name = "cuda, a .npy file in the page cache, as `cnnlab cuda` runs it"
                 report.figures.append(Figure(
-                    "npy", name, rate, "h2d", bytes_per_image=host_bytes, flops_per_image=FLOPS_PER_IMAGE, spread=spread,
+                    "npy", name, rate, "h2d", bytes_per_image=host_bytes, flops_per_image=FLOPS_PER_IMAGE, repeat_range=repeat_range,
                     device_bytes=device_bytes,
                 ))  # fmt: skip
                 peer, notes = run_peers(("kvikio",), "npy", "h2d", len(host), options.repeats, None, file=str(path),
@@ -254,13 +254,13 @@ def npy_file_rate(
     make_backend: Callable[[], Backend], path: Path, count: int, repeats: int
 ) -> tuple[float, tuple[float, float], int]:
     """Images/s of a run over the .npy file of `count` images at `path`: the loop of run_network (as --timing-json gives
-    it) on a backend of its own (its buffers go with it), median and spread of `repeats` after one warm-up; and the
+    it) on a backend of its own (its buffers go with it), median and range of `repeats` after one warm-up; and the
     most device memory a run's buffers held."""
     from cnnlab.run import run_network
 
     with make_backend() as backend:
         loops = [run_network(backend, path, path.with_name("out.npy")).loop_seconds for _ in range(repeats + 1)][1:]
-        return *rate_and_spread(count, loops), backend.peak_device_bytes
+        return *rate_and_range(count, loops), backend.peak_device_bytes
 
 
 def fp64_peak(setup: DeviceSetup) -> float | None:
@@ -288,10 +288,10 @@ def check_outputs(got: np.ndarray, want: np.ndarray, exactness: str) -> str:
 
 def _kernel_figure(rung: ladder.Rung, name: str, timing: KernelTiming, want: np.ndarray) -> Figure:
     count = len(timing.outputs)
-    spread = (count / max(timing.seconds), count / min(timing.seconds))
+    repeat_range = (count / max(timing.seconds), count / min(timing.seconds))
     return Figure(
         "kernels", name, timing.images_per_second, D2D_BOUND, bytes_per_image=rung.device_bytes, flops_per_image=FLOPS_PER_IMAGE,
-        spread=spread, check=check_outputs(timing.outputs.values, want, rung.exactness),
+        repeat_range=repeat_range, check=check_outputs(timing.outputs.values, want, rung.exactness),
     )
 
 

@@ -52,7 +52,7 @@ PEER_SECONDS = 420  # a framework's import, compiles and timing; past that it is
 
 @dataclass(frozen=True)
 class PeerResult:
-    """One peer: its images/s (median) and the spread of its repeats, its check; or why it did not run."""
+    """One peer: its images/s (median) and the range of its repeats, its check; or why it did not run."""
 
     name: str
     images_per_second: float | None = None
@@ -204,10 +204,10 @@ def run_peers(
             if result.skipped is not None or result.images_per_second is None:
                 notes.append(f"peer {result.name} not run: {result.skipped}")
             else:
-                spread = (result.slowest, result.fastest) if result.slowest and result.fastest else None
+                repeat_range = (result.slowest, result.fastest) if result.slowest and result.fastest else None
                 figures.append(Figure(
                     row, f"peer: {result.name}", result.images_per_second, bound, bytes_per_image=bytes_per_image,
-                    flops_per_image=flops_per_image, spread=spread, check=result.check,
+                    flops_per_image=flops_per_image, repeat_range=repeat_range, check=result.check,
                 ))
     return figures, notes
 

@@ -39,7 +39,7 @@ class Figure:
     key: str | None = None  # for the figures others are measured against: "h2d", "d2d", "loadtxt"
     bytes_per_image: float | None = None  # bytes moved per image through what bounds the path
     flops_per_image: float | None = None
-    spread: tuple[float, float] | None = None  # images/s of the slowest and the fastest repeat
+    repeat_range: tuple[float, float] | None = None  # images/s of the slowest and the fastest repeat
     check: str | None = None  # how the outputs compared with the CPU backend's, where they were checked
     device_bytes: int | None = None  # a whole run's: the most device memory its buffers held (its CUDA context's own aside)
 
@@ -61,12 +61,12 @@ class Traffic(TypedDict, total=False):
 
 @dataclass(frozen=True)
 class Startup:
-    """A start-up row: seconds from a process's exec to its exit (median of the repeats, and their spread), or the
+    """A start-up row: seconds from a process's exec to its exit (median of the repeats, and their range), or the
     floor that cuda mode's cannot go under, the driver's start alone (the rows' gaps are measured from it)."""
 
     name: str
     seconds: float
-    spread: tuple[float, float]
+    repeat_range: tuple[float, float]
 
 
 @dataclass
@@ -134,7 +134,7 @@ def median_rate(images: int, run: Callable[[], object], repeats: int) -> float:
     return images / statistics.median(repeat_seconds(run, repeats))
 
 
-def rate_and_spread(images: int, seconds: list[float]) -> tuple[float, tuple[float, float]]:
+def rate_and_range(images: int, seconds: list[float]) -> tuple[float, tuple[float, float]]:
     """Images per second over the repeats' `seconds`: the median, and the slowest and the fastest repeat's."""
     return images / statistics.median(seconds), (images / max(seconds), images / min(seconds))
 
@@ -194,8 +194,8 @@ def format_table(report: BenchReport) -> str:
         lines += ["", f"{'start-up':<66} {'seconds':>10} {'(fastest..slowest)':>20} {'over the floor':>15}"]
         for startup in report.startup:
             over = "-" if floor is None or startup.name.startswith("floor") else f"{startup.seconds - floor:+.3f} s"
-            spread = f"({startup.spread[0]:.3f}..{startup.spread[1]:.3f})"
-            lines.append(f"{startup.name[:66]:<66} {startup.seconds:>10.3f} {spread:>20} {over:>15}")
+            shown = f"({startup.repeat_range[0]:.3f}..{startup.repeat_range[1]:.3f})"
+            lines.append(f"{startup.name[:66]:<66} {startup.seconds:>10.3f} {shown:>20} {over:>15}")
     if any(row["row"] in LADDER_ROWS for row in rows):
         lines += ["", format_ladder(report)]
     lines += [f"note: {note}" for note in report.notes]
@@ -228,11 +228,11 @@ def format_ladder(report: BenchReport) -> str:
     rungs = [row for row in rows if row["row"] == "kernels" and row["key"] is None]
     for row in rows:
         rate = row["images_per_second"]
-        spread = "" if row["spread"] is None else f"({row['spread'][0]:,.0f}..{row['spread'][1]:,.0f})"
+        shown = "" if row["repeat_range"] is None else f"({row['repeat_range'][0]:,.0f}..{row['repeat_range'][1]:,.0f})"
         gbs = f"{row['bytes_per_second'] / 1e9:,.0f}" if row["bytes_per_second"] else "-"
         speedup = f"{rate / below:.2f}" if row in rungs and below else "-"
         lines.append(
-            f"{row['name'][:46]:<46} {rate:>12,.0f} {spread:>23} {gbs:>7} {_percent(row['of_bound']):>7} "
+            f"{row['name'][:46]:<46} {rate:>12,.0f} {shown:>23} {gbs:>7} {_percent(row['of_bound']):>7} "
             f"{_percent(row['of_fp64']):>8} {speedup:>8}  {row['check'] or ''}"
         )
         below = rate if row in rungs else below

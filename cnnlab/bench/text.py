@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import os
-import statistics
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -14,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from cnnlab.bench.report import BenchOptions, Figure, Traffic, alternated_seconds, median_rate
+from cnnlab.bench.report import BenchOptions, Figure, Traffic, alternated_seconds, median_rate, rate_and_range
 from cnnlab.constants import INPUT_DIM
 from cnnlab.files.csv_reader import CsvImageReader
 from cnnlab.network import Cnn, default_threads
@@ -60,28 +59,23 @@ def bench_reader(options: BenchOptions, seed: int | None) -> list[Figure]:
         loadtxt = _loadtxt_rate(data, start, min(LOADTXT_IMAGES, options.reader_images))
         polars = _polars_rate(path, options.reader_images, min(options.repeats, 3))
     text: Traffic = {"bytes_per_image": image_bytes}
-    (read_one, read_one_spread), (peer_one, peer_one_spread), (read_every, read_every_spread), (peer_every, peer_every_spread) = (
-        _rate_and_spread(options.reader_images, times) for times in seconds
+    (read_one, read_one_range), (peer_one, peer_one_range), (read_every, read_every_range), (peer_every, peer_every_range) = (
+        rate_and_range(options.reader_images, times) for times in seconds
     )
     file = f"{size / 1e9:.2f} GB file"
     figures = [
         Figure("reader", f"reference: numpy.loadtxt (one thread, the first {LOADTXT_IMAGES} images)", loadtxt, key="loadtxt", **text),
         Figure("reader", "peer: std::from_chars a field, one thread (text in memory)", peer_one, "loadtxt", "from_chars-1",
-               spread=peer_one_spread, **text),
+               repeat_range=peer_one_range, **text),
         Figure("reader", f"peer: std::from_chars a field, {threads} threads (text in memory)", peer_every, "loadtxt", "from_chars",
-               spread=peer_every_spread, **text),
-        Figure("reader", f"cnnlab CSV reader, one parse thread ({file})", read_one, "from_chars-1", spread=read_one_spread, **text),
+               repeat_range=peer_every_range, **text),
+        Figure("reader", f"cnnlab CSV reader, one parse thread ({file})", read_one, "from_chars-1", repeat_range=read_one_range, **text),
         Figure("reader", f"cnnlab CSV reader, {threads} parse threads ({file})", read_every, "from_chars",
-               spread=read_every_spread, **text),
+               repeat_range=read_every_range, **text),
     ]  # fmt: skip
     if polars is not None:
         figures.append(Figure("reader", f"peer: polars {polars[0]} read_csv, whole file, every thread", polars[1], "loadtxt", **text))
     return figures
-
-
-def _rate_and_spread(images: int, seconds: list[float]) -> tuple[float, tuple[float, float]]:
-    """Images/s of the median turn, and of the slowest and the fastest."""
-    return images / statistics.median(seconds), (images / max(seconds), images / min(seconds))
 
 
 def _pieces(data: np.ndarray, start: int, images: int) -> np.ndarray:
