@@ -43,7 +43,7 @@ from cnnlab.generate import random_values  # noqa: E402
 
 @dataclass(frozen=True)
 class Rate:
-    """Images per second of one row: the median and the spread of its repeats."""
+    """Images per second of one row: the median and the range of its repeats."""
 
     row: str
     median: float

@@ -8,7 +8,7 @@ it into memory, drops the first line (N) and times parse_rows over all the image
 then cut into one piece per thread at line ends and parsed by that many Python threads at once
 (parse_rows releases the GIL). scan_rows, which cuts a file into blocks, is timed on its own.
 numpy.loadtxt on a 50-image slice gives the scale. The first pass is checked against float() on
-a sample of rows. Each figure is the median of --repeats runs, with the spread (min..max).
+a sample of rows. Each figure is the median of --repeats runs, with the range (min..max).
 """
 
 from __future__ import annotations

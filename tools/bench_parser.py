@@ -13,7 +13,7 @@ Writes cnn.csv and in.csv with `cnnlab generate` (and in.npy with `cnnlab conver
 3. Unpinned, on each of --threads: the widest row parser and from_chars, in turns; MB/s, the scaling against one
    thread (1.0: linear) and the ratio.
 
-Every figure is the median of its turns with the spread (min..max); the values are checked bit-identical to from_chars's
+Every figure is the median of its turns with the range (min..max); the values are checked bit-identical to from_chars's
 (correctly rounded: float()'s) on every pass.
 """
 
@@ -62,7 +62,7 @@ def pieces_of(data: np.ndarray, start: int) -> np.ndarray:
     return np.array(result, np.int64)
 
 
-def spread(label: str, nbytes: int, seconds: list[float]) -> str:
+def rate_line(label: str, nbytes: int, seconds: list[float]) -> str:
     rates = sorted(nbytes / s / 1e6 for s in seconds)
     return f"{label:<44} {statistics.median(rates):9.1f} MB/s ({rates[0]:.1f}..{rates[-1]:.1f})"
 
@@ -85,7 +85,7 @@ def whole_run(cnn: Path, csv: Path, npy: Path, core: int, pairs: int, text_bytes
     for name, times in seconds.items():
         print(f"  {name} run wall {statistics.median(times):.3f} s ({min(times):.3f}..{max(times):.3f})")
     extra = [a - b for a, b in zip(seconds["csv"], seconds["npy"])]
-    print(spread("  parse (CSV wall less .npy wall, pair by pair)", text_bytes, extra))
+    print(rate_line("  parse (CSV wall less .npy wall, pair by pair)", text_bytes, extra))
 
 
 def in_process(data: np.ndarray, pieces: np.ndarray, rows: int, threads: int, turns: int, isas: tuple[str, ...]) -> dict[str, list[float]]:
@@ -139,7 +139,7 @@ def main() -> int:
     print(f"-- pinned to core {args.core}, one thread, the text in memory: each row parser and from_chars in turns")
     seconds = in_process(data, pieces, rows, 1, args.pairs, native.CPU_ISAS)
     for name, times in seconds.items():
-        print(spread(f"  {name}", text_bytes, times))
+        print(rate_line(f"  {name}", text_bytes, times))
     for name in native.CPU_ISAS:
         print(ratios(f"  {name} / from_chars, turn by turn", seconds[name], seconds["from_chars"]))
     os.sched_setaffinity(0, every)
@@ -152,7 +152,7 @@ def main() -> int:
         for name, times in seconds.items():
             rate = text_bytes / statistics.median(times)
             one.setdefault(name, rate / threads)
-            print(spread(f"  {name}, {threads} threads", text_bytes, times) + f"  scaling {rate / (one[name] * threads):.2f} of linear")
+            print(rate_line(f"  {name}, {threads} threads", text_bytes, times) + f"  scaling {rate / (one[name] * threads):.2f} of linear")
         print(ratios(f"  {widest} / from_chars, {threads} threads", seconds[widest], seconds["from_chars"]))
     return 0
 
