@@ -307,15 +307,17 @@ def test_driver_starts_spans_the_first_start_to_the_last_context(tmp_path: Path,
 
 @pytest.mark.gpu_if_present
 def test_bench_startup_rows_time_whole_processes_beside_the_floor(tmp_path: Path) -> None:
-    """cnnlab cpu on the default data, whole processes; with a GPU, the floor (the driver's start alone, inside a bare
-    process that is timed exec to exit too) and cuda mode above it; without one, a note saying why the floor is
-    missing."""
+    """cnnlab cpu on the default data, whole processes, beside the interpreter alone; with a GPU, the floor (the driver's
+    start alone, inside a bare process that is timed exec to exit too) and cuda mode above it; without one, a note saying
+    why the floor is missing."""
     result = cnnlab("bench", "--rows", "startup", "--repeats", "2", "--json", tmp_path / "b.json")
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "b.json").read_text())
     names = [row["name"] for row in report["startup"]]
     cpu = next(row for row in report["startup"] if row["name"].startswith("cnnlab cpu"))
+    interpreter = next(row for row in report["startup"] if row["name"].startswith("the interpreter alone"))
     assert 0 < cpu["repeat_range"][0] <= cpu["seconds"] <= cpu["repeat_range"][1] < 30
+    assert 0 < interpreter["repeat_range"][0] <= interpreter["seconds"] <= interpreter["repeat_range"][1] < cpu["seconds"]
     if names[0].startswith("floor"):
         floor, bare_process = report["startup"][:2]
         cuda = next(row for row in report["startup"] if row["name"].startswith("cnnlab cuda"))
@@ -329,7 +331,7 @@ def test_bench_startup_rows_time_whole_processes_beside_the_floor(tmp_path: Path
         else:
             assert not several
     else:
-        assert names == [cpu["name"]] and "start-up floor not measured" in result.stdout
+        assert names == [interpreter["name"], cpu["name"]] and "start-up floor not measured" in result.stdout
 
 
 @pytest.mark.gpu_if_present

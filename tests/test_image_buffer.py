@@ -346,6 +346,32 @@ def test_the_copier_puts_a_file_s_bytes_on_the_device(tmp_path: Path, nbytes: in
 
 
 @pytest.mark.gpu
+def test_a_copier_thread_that_cannot_make_its_staging_fails_the_copier_and_leaves_nothing() -> None:
+    """Each copier thread makes its own staging buffers as it starts: where one cannot (the host's page-locked memory
+    used up), that error is raised, not the broken barrier the others then see, and the others' buffers and threads
+    are given back."""
+    from cnnlab.cuda import memory
+    from cnnlab.cuda.context import CudaContext
+    from cnnlab.cuda.file_copier import FileCopier
+
+    with CudaContext(random_cnn(np.random.default_rng(2))) as context:
+        real_host, made = memory.Allocator.host, []
+        calls = iter(range(1_000))
+
+        def host(allocator: memory.Allocator, *args: Any, **kwargs: Any) -> np.ndarray:
+            if next(calls) == 2:
+                raise context.driver.Error("cuMemHostRegister failed: out of memory (a page-locked buffer of 8 MiB)")
+            made.append(real_host(allocator, *args, **kwargs))
+            return made[-1]
+
+        threads = set(threading.enumerate())
+        with patch.object(memory.Allocator, "host", host), pytest.raises(context.driver.Error, match="out of memory"):
+            FileCopier(context.driver, context.memory, context._current, 4, 64 << 20)
+        assert len(made) >= 1 and not any(memory.is_page_locked(block) for block in made)
+        assert set(threading.enumerate()) <= threads
+
+
+@pytest.mark.gpu
 def test_cuda_mode_on_a_npy_file_gives_the_copied_path_s_outputs(tmp_path: Path, rng: np.random.Generator) -> None:
     """The same images through the buffers (cnnlab cuda on a regular file) and through page-locked buffers (the Python
     API on the host array): the same kernels on the same values, so the same bytes; a NaN is named from the buffer's

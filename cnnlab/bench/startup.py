@@ -1,7 +1,8 @@
-"""`cnnlab bench`'s start-up rows: whole processes on the default data, from exec to exit, beside the floor that cuda
-mode cannot go under: the driver's start (cuInit and the primary context, through ctypes, as a few lines of C would)
-timed inside a bare interpreter. That interpreter is timed as a whole process too: its exit, where the kernel closes
-the driver's files, tears the context down, which cuda mode leaves to a helper (cnnlab/cuda/teardown.py).
+"""`cnnlab bench`'s start-up rows: whole processes on the default data, from exec to exit, beside the interpreter's own
+start and the floor that cuda mode cannot go under: the driver's start (cuInit and the primary context, through ctypes,
+as a few lines of C would) timed inside a bare interpreter. That interpreter is timed as a whole process too: its exit,
+where the kernel closes the driver's files, tears the context down, which cuda mode leaves to a helper
+(cnnlab/cuda/teardown.py).
 
 On a machine of several GPUs, what more of them cost to start: the driver shown 2..N GPUs in one process, a context a
 thread (as `--devices` starts them), and as many processes started at once, each shown one GPU. Both are timed from the
@@ -93,7 +94,7 @@ def _wall(command: list[str]) -> float:
 
 
 def bench_startup(options: BenchOptions) -> tuple[list[Startup], list[str]]:
-    """The floor (where a GPU answers), then cnnlab cpu and cuda on the default data, each the median of the repeats
+    """The floor (where a GPU answers), the interpreter alone, then cnnlab cpu and cuda on the default data, each the median of the repeats
     after a run that warms the page cache and the bytecode; on a machine of several GPUs, what 2..N of them cost to
     start; notes on what did not run."""
     rows, notes = [], []
@@ -113,6 +114,12 @@ def bench_startup(options: BenchOptions) -> tuple[list[Startup], list[str]]:
     if driver_answered:
         rows.append(_startup("floor: cuInit and the primary context alone (ctypes, in C's time)", driver_start))
         rows.append(_startup("a bare process that starts the driver, exec to exit (its exit tears down)", floor))
+    # The interpreter alone, as every cnnlab process pays it before any code of cnnlab's runs: its site's start-up hooks
+    # (.pth files) included, which a machine's packages can make a good part of the start (docs/gpu.md, "Start-up").
+    interpreter = [sys.executable, "-c", "pass"]
+    _wall(interpreter)
+    rows.append(_startup("the interpreter alone (python -c pass, its site's hooks included), whole process",
+                         [_wall(interpreter) for _ in range(options.repeats)]))  # fmt: skip
     data = resource_dir("data")
     with tempfile.TemporaryDirectory(prefix="cnnlab-bench-") as folder:
         for mode in ("cpu", "cuda") if driver_answered else ("cpu",):

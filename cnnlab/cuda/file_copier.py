@@ -14,8 +14,8 @@ engine, three crossings. A copy's wait() returns once every byte is read and its
 reached the device: the buffer's `ready` event is recorded after the last of them (on a stream that waits for every
 thread's), and the kernels that read the buffer wait for it on the device, so the threads go on to the next copy while
 the DMA engine drains this one's last copies. A .npy file's reader starts the next copy before it waits for this one,
-so that a thread out of this copy's tasks takes the next one's at once. The staging buffers are one page-locked block,
-made with the copier. Sizes and their measurements: docs/gpu.md, "Sizes".
+so that a thread out of this copy's tasks takes the next one's at once. Each thread makes its own staging buffers, one
+page-locked block, as the copier starts it. Sizes and their measurements: docs/gpu.md, "Sizes".
 """
 
 from __future__ import annotations
@@ -104,24 +104,31 @@ class FileCopier:
     ) -> None:
         self._driver, self._current = driver, current
         count, self.task_bytes = staging_shape(threads, job_bytes)
-        pair_bytes = 2 * self.task_bytes
-        block = memory.host(count * pair_bytes, "u1")
-        self._pairs = [_StagingPair(driver, block[index * pair_bytes : (index + 1) * pair_bytes]) for index in range(count)]
+        self._pool = ThreadPoolExecutor(count, thread_name_prefix="cnnlab-copy-in")
+        # Every thread started now, the context made current on it once, rather than in the first copy's time, and its
+        # two staging buffers made there: the threads fault their pages in at once, where the driver faults one block's
+        # in one after another (docs/gpu.md, "MAX_THREADS"). All wait at the barrier, so that each makes a pair.
+        blocks: list[np.ndarray] = []
+        started = threading.Barrier(count)
+        starts = [self._pool.submit(self._start_thread, memory, 2 * self.task_bytes, blocks, started) for _ in range(count)]
+        wait(starts)
+        if failures := [error for start in starts if (error := start.exception()) is not None]:
+            for block in blocks:
+                memory.free(block)
+            self._pool.shutdown()
+            raise next((error for error in failures if not isinstance(error, threading.BrokenBarrierError)), failures[0])
+        self._pairs = [_StagingPair(driver, block) for block in blocks]
         self._joined = driver.Stream()  # waits for every thread's last copy, then records a buffer's ready event
-        self._pool = ThreadPoolExecutor(len(self._pairs), thread_name_prefix="cnnlab-copy-in")
         self._free: queue.SimpleQueue[_StagingPair] = queue.SimpleQueue()  # pairs no drain holds
         for pair in self._pairs:
             self._free.put(pair)
         self._under_way = threading.Semaphore(IN_FLIGHT)
-        self.round_bytes = len(self._pairs) * self.task_bytes  # a task for each thread
-        # Every thread started now, the context made current on it once, rather than in the first copy's time. All wait
-        # at the barrier, so that each task takes a thread of its own.
-        started = threading.Barrier(len(self._pairs))
-        wait([self._pool.submit(self._start_thread, started) for _ in self._pairs])
+        self.round_bytes = count * self.task_bytes  # a task for each thread
 
-    def _start_thread(self, started: threading.Barrier) -> None:
+    def _start_thread(self, memory: Allocator, pair_bytes: int, blocks: list[np.ndarray], started: threading.Barrier) -> None:
         try:
             with self._current():
+                blocks.append(memory.host(pair_bytes, "u1", fault_first=True))
                 started.wait()
         except BaseException:
             started.abort()  # the others wait no longer

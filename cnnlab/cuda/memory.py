@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import mmap
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import suppress
@@ -65,14 +66,20 @@ class Allocator:
             self.peak_device_bytes = max(self.peak_device_bytes, self.device_bytes)
         return allocation
 
-    def host(self, shape: tuple[int, ...] | int, dtype: Any = np.float64) -> np.ndarray:
+    def host(self, shape: tuple[int, ...] | int, dtype: Any = np.float64, fault_first: bool = False) -> np.ndarray:
         """Page-locked host memory: pages of its own (an anonymous mapping, so that no other object shares a page
         with it), huge where the kernel gives them, registered with the driver (cuMemHostRegister), faster to make
         than the driver's own (cuMemHostAlloc, PyCUDA's pagelocked_empty): a run's text windows are made while it
-        reads. PyCUDA's register_host_memory refuses numpy 2's arrays, hence the driver's call through ctypes."""
+        reads. PyCUDA's register_host_memory refuses numpy 2's arrays, hence the driver's call through ctypes.
+        `fault_first`: the calling thread faults the pages in before they are registered (numpy writes a byte a page
+        without the GIL), so that threads making buffers at once fault theirs at once; the driver's registration
+        faults them on one thread at a time, and one thread alone does it faster than numpy (docs/gpu.md, "MAX_THREADS")."""
         dtype = np.dtype(dtype)
         nbytes = math.prod(shape if isinstance(shape, tuple) else (shape,)) * dtype.itemsize
-        buffer = own_pages(nbytes, "a page-locked buffer").view(dtype).reshape(shape)
+        pages = own_pages(nbytes, "a page-locked buffer")
+        if fault_first:
+            pages[:: mmap.PAGESIZE] = 0
+        buffer = pages.view(dtype).reshape(shape)
         if nbytes:
             address = buffer.ctypes.data
             try:
