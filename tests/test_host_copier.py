@@ -1,16 +1,19 @@
 """The copier that fills the GPU's page-locked staging from a caller's host arrays, a task a thread: the same bits as
 np.copyto for every kind of array the API takes (no GPU needed: it copies between host arrays); and the file copier's
-staging sized to its job."""
+staging sized to its job, made by its threads, and given back whole where its making fails (a stand-in driver)."""
 
 from __future__ import annotations
 
 import threading
 import time
+from contextlib import nullcontext
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
 
-from cnnlab.cuda.file_copier import staging_shape
+from cnnlab.cuda.file_copier import FileCopier, staging_shape
 from cnnlab.cuda.memory import TASK_BYTES, HostCopier
 from cnnlab.generate import random_values
 
@@ -106,3 +109,86 @@ def test_a_failed_part_raises_once_no_part_still_writes(copier: HostCopier) -> N
 def test_the_file_copier_s_staging_is_sized_to_the_job(threads: int, job_bytes: int, shape: tuple[int, int]) -> None:
     """The file copier pins two tasks a thread: a small file's copier pins its own size twice, not 96 MiB."""
     assert staging_shape(threads, job_bytes) == shape
+
+
+class StandInError(Exception):
+    """The stand-in driver's errors, as PyCUDA's driver.Error."""
+
+
+class StandInDriver:
+    """What FileCopier asks of the driver: streams (the `stream_fails`th one made fails) and events."""
+
+    Error = StandInError
+    event_flags = SimpleNamespace(DISABLE_TIMING=2)
+
+    def __init__(self, stream_fails: int | None = None) -> None:
+        self.streams, self._stream_fails = 0, stream_fails
+
+    def Stream(self) -> object:  # noqa: N802 (PyCUDA's name)
+        self.streams += 1
+        if self.streams == self._stream_fails:
+            raise StandInError("cuStreamCreate failed: out of memory")
+        return object()
+
+    def Event(self, flags: int) -> object:  # noqa: N802
+        return object()
+
+
+class StandInMemory:
+    """Page-locked memory that is host memory: the `host_fails`th block asked for fails, and freeing fails where
+    `free_fails`; records the blocks made, freed, and the threads that made them."""
+
+    def __init__(self, host_fails: int | None = None, free_fails: bool = False) -> None:
+        self.made: list[np.ndarray] = []
+        self.freed: list[np.ndarray] = []
+        self.makers: set[str] = set()
+        self._host_fails, self._free_fails, self._lock, self._calls = host_fails, free_fails, threading.Lock(), 0
+
+    def host(self, nbytes: int, dtype: Any, fault_first: bool = False) -> np.ndarray:
+        assert fault_first  # each thread faults its own block's pages in
+        with self._lock:
+            call, self._calls = self._calls, self._calls + 1
+            self.makers.add(threading.current_thread().name)
+        if call == self._host_fails:
+            raise StandInError("cuMemHostRegister failed: out of memory")
+        block = np.full(nbytes, 7, np.uint8)
+        with self._lock:
+            self.made.append(block)
+        return block
+
+    def free(self, block: np.ndarray) -> None:
+        self.freed.append(block)
+        if self._free_fails:
+            raise StandInError("cuMemHostUnregister failed: context is destroyed")
+
+
+def make_copier(driver: StandInDriver, memory: StandInMemory) -> FileCopier:
+    return FileCopier(driver, memory, nullcontext, 4, 64 << 20)  # type: ignore[arg-type]
+
+
+def test_the_file_copier_s_threads_make_a_staging_block_each() -> None:
+    memory = StandInMemory()
+    copier = make_copier(StandInDriver(), memory)
+    try:
+        assert len(memory.made) == 4 and all(block.nbytes == 2 * TASK_BYTES for block in memory.made)
+        assert len(memory.makers) == 4 and all(name.startswith("cnnlab-copy-in") for name in memory.makers)
+        assert copier.round_bytes == 4 * TASK_BYTES and not memory.freed
+    finally:
+        copier.close()
+
+
+@pytest.mark.parametrize("failing", [*(("host", call) for call in range(4)), ("stream", 2), ("stream", 5)])
+@pytest.mark.parametrize("free_fails", [False, True])
+def test_a_file_copier_that_cannot_be_made_raises_the_first_error_and_leaves_nothing(failing: tuple[str, int], free_fails: bool) -> None:
+    """Whichever thread's block cannot be made (the others then see a broken barrier), or whichever stream cannot be made
+    once every block is: that error is raised, every block made is given back (each tried where freeing fails too), and
+    no thread of the copier's is left."""
+    kind, call = failing
+    driver = StandInDriver(stream_fails=call if kind == "stream" else None)
+    memory = StandInMemory(host_fails=call if kind == "host" else None, free_fails=free_fails)
+    threads = set(threading.enumerate())
+    with pytest.raises(StandInError, match="cuMemHostRegister" if kind == "host" else "cuStreamCreate"):
+        make_copier(driver, memory)
+    assert len(memory.made) == (3 if kind == "host" else 4)
+    assert {id(block) for block in memory.freed} == {id(block) for block in memory.made}
+    assert set(threading.enumerate()) <= threads

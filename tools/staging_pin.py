@@ -38,22 +38,25 @@ def sample(way: str) -> tuple[float, float]:
     cuda.init()
     context = cuda.Device(0).retain_primary_context()
     context.push()
-    memory, done, start = Allocator(cuda), [], time.perf_counter()  # type: ignore[arg-type]
+    memory, done, start = Allocator(cuda), [], time.perf_counter()
     if way == "block":
         memory.host(MAX_THREADS * 2 * TASK_BYTES, "u1")
         done.append(time.perf_counter() - start)
     else:
         def make() -> None:
             context.push()
-            memory.host(2 * TASK_BYTES, "u1", fault_first=way == "faulted")
-            done.append(time.perf_counter() - start)
-            context.pop()
+            try:
+                memory.host(2 * TASK_BYTES, "u1", fault_first=way == "faulted")
+                done.append(time.perf_counter() - start)
+            finally:
+                context.pop()
 
         threads = [threading.Thread(target=make) for _ in range(MAX_THREADS)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
+        assert len(done) == MAX_THREADS, "a thread failed to make its block"
     memory.free_all()
     context.pop()
     return min(done) * 1e3, max(done) * 1e3
@@ -67,10 +70,13 @@ def main() -> None:
     if args.way:
         print(*sample(args.way))
         return
+    runs: dict[str, list[list[str]]] = {way: [] for way in WAYS.values()}
+    for _ in range(args.processes):  # the ways in turns, so that each takes the machine in the same spells
+        for way in WAYS.values():
+            sample_run = subprocess.run([sys.executable, __file__, "--way", way], capture_output=True, text=True, check=True)
+            runs[way].append(sample_run.stdout.split())
     for name, way in WAYS.items():
-        runs = [subprocess.run([sys.executable, __file__, "--way", way], capture_output=True, text=True, check=True).stdout.split()
-                for _ in range(args.processes)]
-        first, last = ([float(run[index]) for run in runs] for index in (0, 1))
+        first, last = ([float(run[index]) for run in runs[way]] for index in (0, 1))
         line = f"{name:42} all {statistics.median(last):5.1f} ms ({min(last):.1f}..{max(last):.1f})"
         if way != "block":
             line += f", the first {statistics.median(first):4.1f} ms ({min(first):.1f}..{max(first):.1f})"

@@ -193,7 +193,7 @@ def format_table(report: BenchReport) -> str:
         floor = report.startup[0].seconds if report.startup[0].name.startswith("floor") else None
         lines += ["", f"{'start-up':<66} {'seconds':>10} {'(fastest..slowest)':>20} {'over the floor':>15}"]
         for startup in report.startup:
-            over = "-" if floor is None or startup.name.startswith("floor") else f"{startup.seconds - floor:+.3f} s"
+            over = "-" if floor is None or startup.name.startswith(("floor", "the interpreter")) else f"{startup.seconds - floor:+.3f} s"
             shown = f"({startup.repeat_range[0]:.3f}..{startup.repeat_range[1]:.3f})"
             lines.append(f"{startup.name[:66]:<66} {startup.seconds:>10.3f} {shown:>20} {over:>15}")
     if any(row["row"] in LADDER_ROWS for row in rows):

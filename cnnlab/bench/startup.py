@@ -94,9 +94,9 @@ def _wall(command: list[str]) -> float:
 
 
 def bench_startup(options: BenchOptions) -> tuple[list[Startup], list[str]]:
-    """The floor (where a GPU answers), the interpreter alone, then cnnlab cpu and cuda on the default data, each the median of the repeats
-    after a run that warms the page cache and the bytecode; on a machine of several GPUs, what 2..N of them cost to
-    start; notes on what did not run."""
+    """The floor (where a GPU answers), the interpreter alone, then cnnlab cpu and cuda on the default data, each the
+    median of the repeats after a run that warms the page cache and the bytecode; on a machine of several GPUs, what
+    2..N of them cost to start; notes on what did not run."""
     rows, notes = [], []
     floor, driver_start = [], []
     # The driver shown only GPU 0, as `cnnlab cuda` shows it (gpus.show_only): cuInit starts every GPU it sees. Each

@@ -25,7 +25,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, suppress
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -110,15 +110,20 @@ class FileCopier:
         # in one after another (docs/gpu.md, "MAX_THREADS"). All wait at the barrier, so that each makes a pair.
         blocks: list[np.ndarray] = []
         started = threading.Barrier(count)
-        starts = [self._pool.submit(self._start_thread, memory, 2 * self.task_bytes, blocks, started) for _ in range(count)]
-        wait(starts)
-        if failures := [error for start in starts if (error := start.exception()) is not None]:
+        try:
+            starts = [self._pool.submit(self._start_thread, memory, 2 * self.task_bytes, blocks, started) for _ in range(count)]
+            wait(starts)
+            if failures := [error for start in starts if (error := start.exception()) is not None]:
+                raise next((error for error in failures if not isinstance(error, threading.BrokenBarrierError)), failures[0])
+            self._pairs = [_StagingPair(driver, block) for block in blocks]
+            self._joined = driver.Stream()  # waits for every thread's last copy, then records a buffer's ready event
+        except BaseException:
+            started.abort()  # no thread waits for others that will not come
+            self._pool.shutdown()  # every start ended, so that `blocks` holds every block made
             for block in blocks:
-                memory.free(block)
-            self._pool.shutdown()
-            raise next((error for error in failures if not isinstance(error, threading.BrokenBarrierError)), failures[0])
-        self._pairs = [_StagingPair(driver, block) for block in blocks]
-        self._joined = driver.Stream()  # waits for every thread's last copy, then records a buffer's ready event
+                with suppress(driver.Error):  # a context that failed may fail this too: the first error is the one told
+                    memory.free(block)
+            raise
         self._free: queue.SimpleQueue[_StagingPair] = queue.SimpleQueue()  # pairs no drain holds
         for pair in self._pairs:
             self._free.put(pair)

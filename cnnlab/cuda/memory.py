@@ -71,9 +71,9 @@ class Allocator:
         with it), huge where the kernel gives them, registered with the driver (cuMemHostRegister), faster to make
         than the driver's own (cuMemHostAlloc, PyCUDA's pagelocked_empty): a run's text windows are made while it
         reads. PyCUDA's register_host_memory refuses numpy 2's arrays, hence the driver's call through ctypes.
-        `fault_first`: the calling thread faults the pages in before they are registered (numpy writes a byte a page
-        without the GIL), so that threads making buffers at once fault theirs at once; the driver's registration
-        faults them on one thread at a time, and one thread alone does it faster than numpy (docs/gpu.md, "MAX_THREADS")."""
+        `fault_first`: the calling thread faults the pages in before they are registered (numpy writes a byte a page,
+        without the GIL from 500 pages), so that threads making buffers at once fault theirs at once, where the driver's
+        registration faults them more slowly (docs/gpu.md, "MAX_THREADS")."""
         dtype = np.dtype(dtype)
         nbytes = math.prod(shape if isinstance(shape, tuple) else (shape,)) * dtype.itemsize
         pages = own_pages(nbytes, "a page-locked buffer")
