@@ -29,9 +29,14 @@ from cnnlab.files.safety import OutputSet
 from cnnlab.interrupts import held, join_through_signals
 from cnnlab.network import Cnn, ImageBatch, OutputBatch, first_nonfinite
 from cnnlab.progress import Progress
-from cnnlab.run_inputs import open_input
+from cnnlab.run_inputs import RunInput, open_input
 from cnnlab.tracing import NO_TRACE, Tracer
 
+# The inputs of runs whose process ends once they return (the command line's), kept until it does: their device buffers
+# are left to the process's end, and so are the objects that hold them. Dropped as the run returns, several GPUs'
+# buffers would release their events from this thread, not the one whose context made them, which PyCUDA refuses
+# with a warning on stderr.
+_LEFT_TO_THE_PROCESS_END: list[RunInput] = []
 
 @dataclass(frozen=True)
 class RunStats:
@@ -232,7 +237,8 @@ def run_network(
     `read_ahead` the reader has one slot, so it reads a batch only while nothing computes, and the outputs are written
     on this thread: slower, but the timed work then has the machine to itself, as in the lab's program.
     `process_ends`: the process ends once this returns (the command line), so a run that succeeds leaves the input's
-    device buffers to the process's end (cuda/teardown.py), as it leaves its backend, rather than free them first.
+    device buffers to the process's end (cuda/teardown.py), as it leaves its backend, rather than free them first, and
+    keeps them till then (_LEFT_TO_THE_PROCESS_END).
     """
     with (
         open_images(input_path, backend if backend.csv_text else None, backend.threads, trace) as reader,
@@ -269,7 +275,9 @@ def run_network(
                 progress.finish()
             raise
         progress.finish()
-        if not process_ends:
+        if process_ends:
+            _LEFT_TO_THE_PROCESS_END.append(source)
+        else:
             source.free()
         reader.finish()
     return RunStats(reader.count, work_seconds, loop_seconds, source.batch_size, startup_seconds, backend.peak_device_bytes)

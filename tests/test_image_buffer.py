@@ -5,10 +5,13 @@ copier's bytes, cuda mode's outputs against the copied path's, and a file that e
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import threading
 import time
+import warnings
+import weakref
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -28,6 +31,7 @@ from cnnlab.files.csv_batch import CsvBatch
 from cnnlab.generate import random_values, write_cnn_file
 from cnnlab.network import Cnn, ImageBatch, OutputBatch
 from cnnlab.run import run_network
+from cnnlab.run_inputs import open_input
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,32 @@ def test_a_npy_file_goes_through_image_buffers_with_the_outputs_of_the_cpu(tmp_p
     assert all(buffer.freed for buffer in buffers)  # given back when the run is over
     assert stats.images == count
     assert np.array_equal(np.load(tmp_path / "out.npy").view(np.uint64), cpu_outputs(cnn, images).view(np.uint64))
+
+
+@pytest.mark.parametrize("process_ends", [False, True])
+def test_a_run_whose_process_ends_keeps_its_input_to_the_end(
+    tmp_path: Path, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch, process_ends: bool
+) -> None:
+    """The command line's run leaves its input's buffers to the process's end, unfreed and still referenced (several
+    GPUs' buffers dropped on the run's thread would release their events from the wrong one); any other run frees them
+    and lets them go."""
+    from cnnlab import run
+
+    monkeypatch.setattr(run, "_LEFT_TO_THE_PROCESS_END", [])
+    sources: list[weakref.ref[Any]] = []
+
+    def recorded(*args: Any) -> Any:
+        source = open_input(*args)
+        sources.append(weakref.ref(source))
+        return source
+
+    monkeypatch.setattr(run, "open_input", recorded)
+    with StandIn(random_cnn(rng)) as backend:
+        run_network(backend, save(tmp_path / "in.npy", random_values(rng, 40, INPUT_DIM, INPUT_DIM)), tmp_path / "out.npy",
+                    process_ends=process_ends)  # fmt: skip
+    gc.collect()
+    assert len(sources) == 1 and (sources[0]() is not None) == process_ends
+    assert all(buffer.freed != process_ends for buffer in backend.buffers) and len(backend.buffers) == 2
 
 
 def test_the_next_buffer_fills_while_the_oldest_is_waited_for_and_never_before_its_batch_is_computed(
@@ -391,6 +421,32 @@ def test_cuda_mode_on_a_npy_file_gives_the_copied_path_s_outputs(tmp_path: Path,
     save(path, images)
     assert "image 4322 holds inf" in assert_one_line_error(cnnlab("cuda", tmp_path / "cnn.csv", path, tmp_path / "bad.npy"))
     assert not (tmp_path / "bad.npy").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("process_ends", [False, True])
+def test_two_contexts_image_buffers_leave_pycuda_nothing_to_warn_of(
+    tmp_path: Path, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch, process_ends: bool
+) -> None:
+    """Several GPUs' buffers, two contexts on GPU 0 standing in, each made on a thread of its own: as the run ends,
+    nothing of theirs is released from another thread, which PyCUDA refuses with a warning ("event in out-of-thread
+    context could not be cleaned up"), the command line's run (its input kept to the process's end) included."""
+    from cnnlab import run
+    from cnnlab.cuda.context import CudaContext
+
+    monkeypatch.setattr(run, "_LEFT_TO_THE_PROCESS_END", [])
+    cnn = random_cnn(rng)
+    path = save(tmp_path / "in.npy", random_values(rng, 3001, INPUT_DIM, INPUT_DIM))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with MultiGpuBackend([partial(CudaContext, cnn, 500) for _ in range(2)]) as gpus_backend:
+            run_network(gpus_backend, path, tmp_path / "out.npy", process_ends=process_ends)
+            gc.collect()
+            assert len(run._LEFT_TO_THE_PROCESS_END) == process_ends
+            for source in run._LEFT_TO_THE_PROCESS_END:  # where this process goes on, freed on each GPU's thread
+                source.free()
+        gc.collect()
+    assert [str(warning.message) for warning in caught] == []
 
 
 @pytest.mark.gpu
