@@ -7,6 +7,7 @@ with the user's CUDA_VISIBLE_DEVICES unset and set check that the GPUs and the m
 
 from __future__ import annotations
 
+import inspect
 import os
 import select
 import signal
@@ -19,6 +20,7 @@ import numpy as np
 import pytest
 from helpers import ROOT, SUBPROCESS_ENV, assert_one_line_error, cnnlab, random_cnn, write_files
 
+from cnnlab import run
 from cnnlab.cli import main as cli
 from cnnlab.cpu.backend import CpuBackend
 from cnnlab.cuda import gpus
@@ -187,6 +189,37 @@ def test_a_run_that_ends_the_process_leaves_its_backend_open_and_one_that_fails_
     (tmp_path / "bad.csv").write_text(input_path.read_text().replace("\n", "\nx,", 1))
     assert cli.main(["cpu", str(cnn_path), str(tmp_path / "bad.csv"), str(tmp_path / "out3.csv")], process_ends=True) == 2
     assert closed == [True, True] and not (tmp_path / "out3.csv").exists()
+
+
+@pytest.mark.parametrize(
+    ("kind", "options", "ahead"),
+    [
+        ("csv", [], True), ("csv", ["--devices", "0,1"], False), ("csv", ["--host-parse"], False),
+        ("npy", ["--devices", "0,1"], True), ("npy", ["--device", "1"], True),
+    ],
+)  # fmt: skip
+def test_cuda_mode_makes_the_file_copier_ahead_only_where_the_input_uses_it(
+    tmp_path: Path, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch, kind: str, options: list[str], ahead: bool
+) -> None:
+    """The copier's page-locked staging (up to 96 MiB a GPU) is made ahead, sized to the file, for a .npy file and for a
+    CSV file parsed on one GPU; not for text the host parses, nor for a CSV file's text over several GPUs (the host's
+    windows)."""
+    from cnnlab.cli import commands
+
+    asked: list[int | None] = []
+
+    def make_backend(*args: object, **kwargs: object) -> None:
+        asked.append(inspect.signature(run.make_backend).bind(*args, **kwargs).arguments.get("copier_ahead"))
+        raise DeviceError("stand-in: no backend")
+
+    monkeypatch.setattr(commands, "make_backend", make_backend)
+    images = random_values(rng, 3, 100, 100)
+    cnn_path, input_path = write_files(tmp_path, random_cnn(rng), images)
+    if kind == "npy":
+        input_path = tmp_path / "in.npy"
+        np.save(input_path, images)
+    assert cli.main(["cuda", str(cnn_path), str(input_path), str(tmp_path / "out.csv"), *options]) == 2
+    assert asked == [input_path.stat().st_size if ahead else None]
 
 
 STARTS_ONLY = """

@@ -75,9 +75,11 @@ def run(args: argparse.Namespace) -> int:
     # Every write first (the outputs, --timing-json, --trace, the lab's line), every rename last: a failure or a signal
     # anywhere before leaves each path as it was.
     with OutputSet() as together:
-        # A regular file's images or text go straight into device buffers (not text the host parses): the file copier
-        # is made ahead, sized to the file.
-        regular = os.path.isfile(input_path) and (is_npy(input_path) or not args.host_parse)
+        # A regular file's images or text go straight into device buffers (not text the host parses, nor a CSV file's
+        # text with several GPUs, which takes the host's windows: cuda/multi_gpu.py): the file copier is made ahead,
+        # sized to the file.
+        several = gpus is not None and len(gpus) > 1
+        regular = os.path.isfile(input_path) and (is_npy(input_path) or not (args.host_parse or several))
         copier_ahead = os.path.getsize(input_path) if regular else None
         backend = make_backend(args.mode, cnn, args.batch, args.host_parse, args.kernel, args.threads, gpus, trace, copier_ahead)
         with closed_on_failure(backend) if args.process_ends else backend:
