@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import queue
 import threading
+import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -43,14 +44,14 @@ class BackendOwner:
         try:
             self._made.set_result(make())
         except BaseException as error:  # backend() and every call raise it, until close()
-            self._made.set_exception(error)
+            self._made.set_exception(_without_locals(error))
         try:
             while (call := self._calls.get()) is not None:
                 work, done = call
                 try:
                     done.set_result(work(self._made.result()))
                 except BaseException as error:
-                    done.set_exception(error)
+                    done.set_exception(_without_locals(error))
         finally:
             if self._made.exception() is None:
                 self._made.result().close()
@@ -81,6 +82,22 @@ class BackendOwner:
         second signal: the backend (a GPU's context) is always closed."""
         self._calls.put(None)
         join_through_signals(self._thread)
+
+
+def _without_locals(error: BaseException) -> BaseException:
+    """`error`, the frames of its traceback (and of the errors it was raised from or during) let go of their locals here,
+    on the backend's thread: what a failed call's frames held (a GPU's event or buffer) is then released on the thread
+    whose context made it, not on the thread that drops the error, which PyCUDA refuses with a warning. The traceback's
+    lines stay; the frame still running (this thread's loop) keeps its own."""
+    errors: list[BaseException | None] = [error]
+    seen: set[int] = set()
+    while errors:
+        link = errors.pop()
+        if link is not None and id(link) not in seen:
+            seen.add(id(link))
+            traceback.clear_frames(link.__traceback__)
+            errors += [link.__cause__, link.__context__]
+    return error
 
 
 class _Kept:

@@ -8,6 +8,7 @@ between them, on the GPU machine).
 from __future__ import annotations
 
 import threading
+import traceback
 from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
@@ -20,7 +21,7 @@ from cnnlab.cli import commands
 from cnnlab.cli import main as cli
 from cnnlab.cpu.backend import CpuBackend
 from cnnlab.cuda.multi_gpu import MultiGpuBackend
-from cnnlab.errors import DeviceError
+from cnnlab.errors import ArrayError, DeviceError, InputFileError
 from cnnlab.files.csv_reader import CsvImageReader
 from cnnlab.files.labcsv import read_output_rows
 from cnnlab.generate import random_values
@@ -194,6 +195,39 @@ def test_a_gpu_that_does_not_exist_is_one_line_naming_how_many_there_are(rng: np
     with pytest.raises(DeviceError, match=rf"there is no GPU {count}: this machine has {count} \(GPU"):
         CudaContext(random_cnn(rng), device=count)
     assert f"there is no GPU {count}: this machine has {count}" in assert_one_line_error(cnnlab("cuda", "--device", str(count)))
+
+
+@pytest.mark.parametrize("chained", [False, True])
+def test_what_a_failed_call_held_is_let_go_on_the_owner_s_thread(rng: np.random.Generator, chained: bool) -> None:
+    """A call that fails with a GPU's event in one of its frames (here a stand-in that notes the thread it goes on), or in
+    a frame of the error it failed during: the event goes on the owner's thread, whose context made it, before the error
+    reaches the caller, whose thread PyCUDA would refuse; the error's message and lines are kept."""
+    released: list[str] = []
+
+    class Event:
+        def __del__(self) -> None:
+            released.append(threading.current_thread().name)
+
+    def compute() -> None:
+        ready = Event()  # noqa: F841 (held by the frame, as a GPU's compute holds its buffer's event)
+        raise ArrayError("image 3 holds nan")
+
+    def failing(backend: StandIn) -> None:
+        if not chained:
+            compute()
+        try:
+            compute()
+        except ArrayError:
+            raise InputFileError("in.npy", "image 3 holds nan") from None
+
+    owner = BackendOwner(partial(StandIn, random_cnn(rng)), "cnnlab-gpu-0")
+    try:
+        with pytest.raises(InputFileError if chained else ArrayError, match="image 3 holds nan") as raised:
+            owner.call(failing)
+        assert released == ["cnnlab-gpu-0"]
+        assert ", in failing\n" in "".join(traceback.format_exception(raised.value))  # its lines kept
+    finally:
+        owner.close()
 
 
 def test_an_owner_whose_backend_cannot_be_made_raises_that_error_for_every_call(rng: np.random.Generator) -> None:
