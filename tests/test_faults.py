@@ -768,6 +768,33 @@ def test_a_signal_between_two_renames_waits_for_the_second(tmp_path: Path, monke
     assert files_in(tmp_path) == ["cnn.csv", "in.csv"]
 
 
+def test_a_signal_as_an_output_s_temporary_file_is_made_removes_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGTERM that arrives just as the temporary file is created, before its name is known (as one did on a busy CI
+    host): raised once it is, so that the file goes with the run."""
+    from cnnlab import interrupts
+    from cnnlab.files import safety
+
+    real_open = os.open
+
+    def open_then_signal(path: str, *args: int) -> int:
+        descriptor = real_open(path, *args)
+        if str(path).endswith(safety._TEMPORARY_SUFFIX):
+            os.kill(os.getpid(), signal.SIGTERM)
+        return descriptor
+
+    previous = {signum: signal.getsignal(signum) for signum in interrupts.SIGNAL_EXITS}
+    monkeypatch.setattr(os, "open", open_then_signal)
+    try:
+        interrupts.install()
+        with pytest.raises(interrupts.Terminated), safety.AtomicOutput(tmp_path / "out.csv"):
+            pytest.fail("the block ran")
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        interrupts._received.clear()
+    assert files_in(tmp_path) == []
+
+
 def test_a_signal_while_the_reader_starts_stops_it_before_the_caller_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
     """A SIGTERM that arrives as the prefetcher's thread starts (in __enter__, so before the `with` block holds it): the
     thread is stopped and joined before it is raised, so that it never reads into buffers the caller frees next."""
