@@ -776,8 +776,8 @@ def test_a_signal_as_an_output_s_temporary_file_is_made_removes_it(tmp_path: Pat
 
     real_open = os.open
 
-    def open_then_signal(path: str, *args: int) -> int:
-        descriptor = real_open(path, *args)
+    def open_then_signal(path: str, *args: int, **kwargs: int | None) -> int:
+        descriptor = real_open(path, *args, **kwargs)
         if str(path).endswith(safety._TEMPORARY_SUFFIX):
             os.kill(os.getpid(), signal.SIGTERM)
         return descriptor
@@ -789,6 +789,7 @@ def test_a_signal_as_an_output_s_temporary_file_is_made_removes_it(tmp_path: Pat
         with pytest.raises(interrupts.Terminated), safety.AtomicOutput(tmp_path / "out.csv"):
             pytest.fail("the block ran")
     finally:
+        monkeypatch.undo()  # os.open as it was, before the temporary folder is removed
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         interrupts._received.clear()
