@@ -34,9 +34,10 @@ from cnnlab.tracing import NO_TRACE, Tracer
 
 # The inputs of runs whose process ends once they return (the command line's), kept until it does: their device buffers
 # are left to the process's end, and so are the objects that hold them. Dropped as the run returns, several GPUs'
-# buffers would release their events from this thread, not the one whose context made them, which PyCUDA refuses
+# buffers would release their events from the run's thread, not the one whose context made them, which PyCUDA refuses
 # with a warning on stderr.
 _LEFT_TO_THE_PROCESS_END: list[RunInput] = []
+
 
 @dataclass(frozen=True)
 class RunStats:

@@ -181,9 +181,10 @@ def test_a_run_that_ends_the_process_leaves_its_backend_open_and_one_that_fails_
 ) -> None:
     closed: list[bool] = []
     monkeypatch.setattr(CpuBackend, "close", lambda self: closed.append(True))
+    monkeypatch.setattr(run, "_LEFT_TO_THE_PROCESS_END", [])  # what a run that ends the process keeps, this test's own
     cnn_path, input_path = write_files(tmp_path, random_cnn(rng), random_values(rng, 3, 100, 100))
     assert cli.main(["cpu", str(cnn_path), str(input_path), str(tmp_path / "out.csv")], process_ends=True) == 0
-    assert closed == [] and (tmp_path / "out.csv").exists()
+    assert closed == [] and (tmp_path / "out.csv").exists() and len(run._LEFT_TO_THE_PROCESS_END) == 1
     assert cli.main(["cpu", str(cnn_path), str(input_path), str(tmp_path / "out2.csv")]) == 0
     assert closed == [True]
     (tmp_path / "bad.csv").write_text(input_path.read_text().replace("\n", "\nx,", 1))

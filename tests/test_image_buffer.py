@@ -437,6 +437,7 @@ def test_two_contexts_image_buffers_leave_pycuda_nothing_to_warn_of(
     monkeypatch.setattr(run, "_LEFT_TO_THE_PROCESS_END", [])
     cnn = random_cnn(rng)
     path = save(tmp_path / "in.npy", random_values(rng, 3001, INPUT_DIM, INPUT_DIM))
+    gc.collect()  # earlier tests' garbage gone first: its warnings are not this run's
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with MultiGpuBackend([partial(CudaContext, cnn, 500) for _ in range(2)]) as gpus_backend:
@@ -446,7 +447,7 @@ def test_two_contexts_image_buffers_leave_pycuda_nothing_to_warn_of(
             for source in run._LEFT_TO_THE_PROCESS_END:  # where this process goes on, freed on each GPU's thread
                 source.free()
         gc.collect()
-    assert [str(warning.message) for warning in caught] == []
+    assert [str(warning.message) for warning in caught if "could not be cleaned up" in str(warning.message)] == []
 
 
 @pytest.mark.gpu

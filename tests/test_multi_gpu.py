@@ -201,7 +201,8 @@ def test_a_gpu_that_does_not_exist_is_one_line_naming_how_many_there_are(rng: np
 def test_what_a_failed_call_held_is_let_go_on_the_owner_s_thread(rng: np.random.Generator, chained: bool) -> None:
     """A call that fails with a GPU's event in one of its frames (here a stand-in that notes the thread it goes on), or in
     a frame of the error it failed during: the event goes on the owner's thread, whose context made it, before the error
-    reaches the caller, whose thread PyCUDA would refuse; the error's message and lines are kept."""
+    reaches the caller, whose thread PyCUDA would refuse; the error's message and lines are kept. The same where making
+    the backend fails so."""
     released: list[str] = []
 
     class Event:
@@ -228,6 +229,17 @@ def test_what_a_failed_call_held_is_let_go_on_the_owner_s_thread(rng: np.random.
         assert ", in failing\n" in "".join(traceback.format_exception(raised.value))  # its lines kept
     finally:
         owner.close()
+
+    def cannot_make() -> StandIn:  # a backend whose making fails with an event in a frame, as a half-made context's
+        failing(None)
+        raise AssertionError("failing() returned")
+
+    released.clear()
+    unmade = BackendOwner(cannot_make, "cnnlab-gpu-1")
+    with pytest.raises(InputFileError if chained else ArrayError, match="image 3 holds nan"):
+        unmade.backend()
+    assert released == ["cnnlab-gpu-1"]
+    unmade.close()
 
 
 def test_an_owner_whose_backend_cannot_be_made_raises_that_error_for_every_call(rng: np.random.Generator) -> None:

@@ -260,7 +260,7 @@ class AtomicOutput:
                 folder = Path(target.target).parent
                 folder.mkdir(parents=True, exist_ok=True)
                 prefix = _temporary_prefix(os.path.basename(target.target), _name_limit(str(folder)))
-                with held():  # a signal as the file is made is raised once it is known, so that it goes
+                with held():  # a signal as the file is made is raised once its name is known, so that it is removed
                     descriptor, self._temporary = _create_temporary(str(folder), prefix)
                 _take_mode(descriptor, target.target)
         except OSError as error:
