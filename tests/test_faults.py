@@ -783,6 +783,7 @@ def test_a_signal_as_an_output_s_temporary_file_is_made_removes_it(tmp_path: Pat
         return descriptor
 
     previous = {signum: signal.getsignal(signum) for signum in interrupts.SIGNAL_EXITS}
+    descriptors = len(os.listdir("/proc/self/fd"))
     monkeypatch.setattr(os, "open", open_then_signal)
     try:
         interrupts.install()
@@ -793,7 +794,25 @@ def test_a_signal_as_an_output_s_temporary_file_is_made_removes_it(tmp_path: Pat
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         interrupts._received.clear()
-    assert files_in(tmp_path) == []
+    assert files_in(tmp_path) == [] and len(os.listdir("/proc/self/fd")) == descriptors  # its descriptor closed too
+
+
+def test_an_output_whose_temporary_file_cannot_take_the_target_s_mode_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure between the temporary file's creation and its file object (the target's mode unreadable): the error
+    names the output, and neither the file nor its descriptor is left."""
+    from cnnlab.errors import OutputFileError
+    from cnnlab.files import safety
+
+    def cannot_read_the_mode(descriptor: int, target: str) -> None:
+        raise PermissionError(13, "Permission denied", target)
+
+    monkeypatch.setattr(safety, "_take_mode", cannot_read_the_mode)
+    descriptors = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(OutputFileError, match="cannot write here"), safety.AtomicOutput(tmp_path / "out.csv"):
+        pytest.fail("the block ran")
+    assert files_in(tmp_path) == [] and len(os.listdir("/proc/self/fd")) == descriptors
 
 
 def test_a_signal_while_the_reader_starts_stops_it_before_the_caller_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
