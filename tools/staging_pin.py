@@ -4,14 +4,13 @@ thread before it is registered (as FileCopier makes them), and a block a thread 
 
     python3 tools/staging_pin.py [--processes 5]
 
-Prints, a way, the milliseconds until every block is registered (median and range of the processes) and, for the
+Prints, a way, the seconds until every block is registered (median and range of the processes) and, for the
 threads, until the first is (a copy can start). Run from a checkout with PyCUDA and a GPU (docs/gpu.md, "MAX_THREADS").
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
 import threading
@@ -19,6 +18,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from paired_wall import median_and_range  # noqa: E402
+
 from cnnlab.cuda.file_copier import MAX_THREADS  # noqa: E402
 from cnnlab.cuda.memory import TASK_BYTES  # noqa: E402
 
@@ -30,7 +31,7 @@ WAYS = {
 
 
 def sample(way: str) -> tuple[float, float]:
-    """Milliseconds to the first and the last block registered, in this process (its first page-locked memory)."""
+    """Seconds to the first and the last block registered, in this process (its first page-locked memory)."""
     import pycuda.driver as cuda
 
     from cnnlab.cuda.memory import Allocator
@@ -59,7 +60,7 @@ def sample(way: str) -> tuple[float, float]:
         assert len(done) == MAX_THREADS, "a thread failed to make its block"
     memory.free_all()
     context.pop()
-    return min(done) * 1e3, max(done) * 1e3
+    return min(done), max(done)
 
 
 def main() -> None:
@@ -77,10 +78,8 @@ def main() -> None:
             runs[way].append(sample_run.stdout.split())
     for name, way in WAYS.items():
         first, last = ([float(run[index]) for run in runs[way]] for index in (0, 1))
-        line = f"{name:42} all {statistics.median(last):5.1f} ms ({min(last):.1f}..{max(last):.1f})"
-        if way != "block":
-            line += f", the first {statistics.median(first):4.1f} ms ({min(first):.1f}..{max(first):.1f})"
-        print(line)
+        line = f"{name:42} all {median_and_range(last)} s"
+        print(line if way == "block" else f"{line}, the first {median_and_range(first)} s")
 
 
 if __name__ == "__main__":

@@ -235,6 +235,7 @@ class AtomicOutput:
         self._binary = binary
         self._together = together
         self._file: IO[Any] | None = None
+        self._descriptor: int | None = None  # the file's, closed here where no file object holds it yet (a failure first)
         self._temporary: str | None = None
 
     def open(self) -> _GuardedStream:
@@ -248,30 +249,25 @@ class AtomicOutput:
             raise
 
     def _open(self, target: OutputTarget) -> _GuardedStream:
-        descriptor: int | None = None
         try:
-            try:
-                if target.descriptor is not None:
-                    for stream in (sys.stdout, sys.stderr):  # what was printed before comes first
-                        if stream is not None and target.descriptor == stream.fileno():
-                            stream.flush()
-                    descriptor = os.dup(target.descriptor)
-                elif target.placement is Placement.DIRECT:
-                    descriptor = os.open(target.target, os.O_WRONLY | os.O_CLOEXEC)  # never created: it exists
-                else:
-                    folder = Path(target.target).parent
-                    folder.mkdir(parents=True, exist_ok=True)
-                    prefix = _temporary_prefix(os.path.basename(target.target), _name_limit(str(folder)))
-                    with held():  # a signal as the file is made is raised once its name is known, so that it is removed
-                        descriptor, self._temporary = _create_temporary(str(folder), prefix)
-                    _take_mode(descriptor, target.target)
-            except OSError as error:
-                raise target.fail("cannot write here", error) from None
-            self._file = os.fdopen(descriptor, "wb") if self._binary else os.fdopen(descriptor, "w", newline="\n")
-        except BaseException:  # a failure or a signal before the file object holds the descriptor: it is closed here
-            if descriptor is not None and self._file is None:
-                os.close(descriptor)
-            raise
+            if target.descriptor is not None:
+                for stream in (sys.stdout, sys.stderr):  # what was printed before comes first
+                    if stream is not None and target.descriptor == stream.fileno():
+                        stream.flush()
+                self._descriptor = os.dup(target.descriptor)
+            elif target.placement is Placement.DIRECT:
+                self._descriptor = os.open(target.target, os.O_WRONLY | os.O_CLOEXEC)  # never created: it exists
+            else:
+                folder = Path(target.target).parent
+                folder.mkdir(parents=True, exist_ok=True)
+                prefix = _temporary_prefix(os.path.basename(target.target), _name_limit(str(folder)))
+                with held():  # a signal as the file is made is raised once its name is known, so that it is removed
+                    self._descriptor, self._temporary = _create_temporary(str(folder), prefix)
+                _take_mode(self._descriptor, target.target)
+        except OSError as error:
+            raise target.fail("cannot write here", error) from None
+        with held():  # the descriptor and its file object change hands whole: discard() closes one or the other, once
+            self._file = os.fdopen(self._descriptor, "wb") if self._binary else os.fdopen(self._descriptor, "w", newline="\n")
         return _GuardedStream(self._file, target)
 
     @property
@@ -308,6 +304,9 @@ class AtomicOutput:
                     self._file.close()
                 except OSError:
                     pass
+            elif self._descriptor is not None:
+                os.close(self._descriptor)
+            self._descriptor = None
             if self._temporary is not None:
                 Path(self._temporary).unlink(missing_ok=True)
                 self._temporary = None
