@@ -25,9 +25,9 @@ if TYPE_CHECKING:
 
 
 class BackendOwner:
-    """A backend made (at once), used and closed on a thread of its own, named `name`: a CudaContext computes and closes
-    on the thread that made it (cuda/context.py says the rule), and a backend computes one call at a time, whatever
-    threads submit them."""
+    """A backend made (at once), used and closed on a thread of its own, named `name`: a backend computes one call at a
+    time, whatever threads submit them, and what a CudaContext's call leaves behind is released by PyCUDA without a
+    warning on the thread that made the context (cuda/context.py says the rule)."""
 
     def __init__(self, make: Callable[[], Backend], name: str) -> None:
         # Imported here, as in submit(): a run on the CPU from a mapped .npy file owns no backend on a thread, and its

@@ -14,20 +14,27 @@ the device. forward(images, out=None) is the same schedule for the Python API: i
 array or from device memory (`__cuda_array_interface__`, read where they lie, as compute_resident
 reads them), outputs to the host or, with `out`, added up on the device into the caller's array.
 
-Threads: a CudaContext computes and closes on the thread that made it, where its driver context is
-current from __init__ to close(). Other threads may only allocate, free, fill and parse its buffers
-(the run's reader, the file copier's threads), each making the context current for the call
-(`current()`). Several GPUs give each context a thread of its own (owner.BackendOwner).
+Threads: the driver context is current on a thread only while a call of CudaContext (or of a buffer it
+made) runs there, and inside a `with CudaContext(...)` block on the thread that entered it: each call
+pushes it and pops it (`_current()`), so no thread ends with it current, which PyCUDA punishes by
+aborting the process. Calls are made one at a time: a context computes on one thread at a time, while
+other threads allocate, free, fill and parse its buffers (the run's reader, the file copier's
+threads). One that is never closed closes when it is dropped or as the process ends (`_OPEN`), with
+its context current, so nothing of it is released where PyCUDA would warn. Several GPUs, and the
+Python API's kept contexts, give each context a thread of its own (owner.BackendOwner).
 """
 
 from __future__ import annotations
 
+import atexit
+import functools
 import math
+import weakref
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 
@@ -74,6 +81,21 @@ CLOSED = "this CudaContext is closed"  # what a call after close() raises (Usage
 # The least device memory a run works in besides its context: the smallest CSV double buffer (a file's text parsed on
 # the device), space for the chunk streams' partials and a chunk's activations, and the weights.
 MIN_RUN_BYTES = double_buffer_bytes(MIN_TEXT_BUFFER_BYTES, MIN_PARSE_ROWS) + (4 << 20)
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _in_context(method: Callable[Concatenate[CudaContext, P], R]) -> Callable[Concatenate[CudaContext, P], R]:
+    """`method` run with the context current on the calling thread: pushed before it, popped after."""
+
+    def run(self: CudaContext, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        with self._current():
+            return method(self, *args, **kwargs)
+
+    functools.update_wrapper(run, method)  # its name and docstring, for help()
+    return run
 
 
 @dataclass
@@ -124,8 +146,7 @@ class CudaContext:
         with device_errors("cannot start CUDA"):
             gpu = driver.Device(ordinal)
             # The primary context, as the CUDA runtime uses: other libraries in the process share it.
-            self._context = retain_context(driver, gpu, device, MIN_RUN_BYTES)
-        self._resources.callback(self._detach)
+            self._context = context = retain_context(driver, gpu, device, MIN_RUN_BYTES)
         try:
             with device_errors("cannot start CUDA"):
                 check_free_memory(driver, gpu, device, MIN_RUN_BYTES)
@@ -159,6 +180,8 @@ class CudaContext:
         except BaseException:
             self.close()
             raise
+        context.pop()  # current from now on only while a call runs (or inside a `with` block)
+        _OPEN.add(self)
 
     @property
     def csv_text(self) -> TextBatching | None:
@@ -185,6 +208,7 @@ class CudaContext:
             raise UsageError(CLOSED)
         return self._streams
 
+    @_in_context
     def allocate_images(self, count: int) -> np.ndarray:
         """A page-locked host buffer: chunks copy from it straight to the device, with no staging."""
         with device_errors("cannot allocate page-locked host memory"):
@@ -193,20 +217,24 @@ class CudaContext:
     def free_images(self, buffer: np.ndarray) -> None:
         self._free_page_locked(buffer)
 
+    @_in_context
     def image_buffer(self, count: int) -> DeviceImageBuffer:
         """Device memory for up to `count` images of a regular .npy file, filled straight from it (FileBuffers)."""
         return self._file_buffers.image_buffer(count)
 
+    @_in_context
     def csv_double_buffer(self, file_bytes: int, images: int) -> DeviceCsvDoubleBuffer | None:
         """A double buffer for a regular CSV file's text, copied straight to the device and parsed there (FileBuffers);
         None where the host parses CSV."""
         return self._file_buffers.csv_double_buffer(file_bytes, images, self._csv_module) if self._parse_csv else None
 
+    @_in_context
     def load_cnn(self, cnn: Cnn) -> None:
         """Compute with `cnn` from now on: its filters and weights copied to the device (320 KB)."""
         with device_errors("cannot copy the CNN to the device"):
             self.setup.load_cnn(cnn)
 
+    @_in_context
     def upload(self, batch: ImageBatch) -> DeviceImages:
         """Copy a batch to device memory once, for compute_resident(); free() gives the memory back."""
         with device_errors("cannot copy images to the device"):
@@ -214,9 +242,11 @@ class CudaContext:
             self.driver.memcpy_htod(allocation, batch.images)
         return DeviceImages(allocation, len(batch))
 
+    @_in_context
     def free(self, images: DeviceImages) -> None:
         self.memory.free(images.allocation)
 
+    @_in_context
     def compute(self, batch: Batch, check_finite: bool = False) -> OutputBatch:
         """Outputs for a host batch of images, a batch of a file's images in one of this context's image buffers, or CSV
         text (csv_batch.CsvBatch) parsed here on the device (its values are finite: the parser refuses the rest).
@@ -232,10 +262,12 @@ class CudaContext:
         assert text is not None  # CSV text comes only where csv_text said it may
         return self._open_streams.run(len(batch), CsvTextChunks(batch, text.chunk_images, self._csv_module), text.chunk_images)
 
+    @_in_context
     def compute_resident(self, images: DeviceImages) -> OutputBatch:
         """Outputs for images already on the device: the kernels, the partials' copy and the reduction."""
         return self._open_streams.run(images.count, ResidentImages(int(images.allocation), self.chunk_images))
 
+    @_in_context
     def forward(self, images: Any, out: Any = None) -> Any:
         """The network's outputs for `images`, as cnnlab.forward gives them, with this context's kernels and buffers.
 
@@ -331,19 +363,49 @@ class CudaContext:
             self._streams.free()
             self._streams = None
 
-    def _detach(self) -> None:
-        assert self._context is not None
-        self._context.pop()
-        self._context.detach()
-        self._context = None
-
     def close(self) -> None:
-        """Release what __init__ made, in the reverse order: the chunk streams, the modules, the file copier and host
-        copier, the memory still out, then the context. A second close() does nothing."""
-        self._resources.close()
+        """Release what __init__ made, in the reverse order, with the context current on this thread: the chunk
+        streams, the modules, the file copier and host copier, the memory still out, then the context itself, which
+        leaves this thread's stack of current contexts (whatever thread closes). A second close() does nothing."""
+        context = self._context
+        if context is None:
+            return
+        context.push()
+        try:
+            self._resources.close()
+        finally:
+            self._context = None
+            _OPEN.discard(self)
+            context.detach()  # current here: the primary context released, and popped wherever this thread pushed it
 
     def __enter__(self) -> CudaContext:
+        """The context made current on this thread until the block's end closes it (as before every call): for code
+        that calls the driver itself, as the benchmarks do."""
+        if self._context is None:
+            raise UsageError(CLOSED)
+        self._context.push()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    def __del__(self) -> None:
+        """A context dropped without close() (a notebook's, rebound) gives its memory back now, on whatever thread the
+        collector runs."""
+        if getattr(self, "_context", None) is not None:
+            with suppress(Exception):  # as a file object's: nothing to tell, nobody to tell it to
+                self.close()
+
+
+# The contexts made and not yet closed, closed as the process ends: the Python API's kept ones first, on their own
+# threads (owner.release_backends), then any a caller never closed, on the main thread.
+_OPEN: weakref.WeakSet[CudaContext] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_contexts() -> None:
+    from cnnlab.owner import release_backends
+
+    release_backends()
+    for context in list(_OPEN):
+        context.close()

@@ -97,7 +97,8 @@ class DeviceCsvDoubleBuffer:
         self.images: list[DeviceImageBuffer] = []
         try:  # where one fails, what was made goes back (the events too): the run may go on without the double buffer
             for _ in range(2):
-                self.images.append(DeviceImageBuffer(memory.device(image_buffer_bytes(rows)), rows // INPUT_DIM + 1, driver, copier))
+                allocation = memory.device(image_buffer_bytes(rows))
+                self.images.append(DeviceImageBuffer(allocation, rows // INPUT_DIM + 1, driver, copier, current))
             # Streams and events after the memory: where that fails, none is left for the collector to find out of context.
             no_timing = driver.event_flags.DISABLE_TIMING
             self._filled = [driver.Event(no_timing) for _ in range(2)]  # a text buffer's copies are on the device

@@ -64,7 +64,9 @@ class FileBuffers:
             free = self._driver.mem_get_info()[0]
             capacity = max(1, min(count, self._batch or DEFAULT_BUFFER_IMAGES, int(free * FREE_MEMORY_SHARE) // IMAGE_BYTES))
             copier = self.copier(capacity * IMAGE_BYTES)
-            return DeviceImageBuffer(self._memory.device(capacity * IMAGE_BYTES), capacity, self._driver, copier, self._free_image_buffer)
+            return DeviceImageBuffer(
+                self._memory.device(capacity * IMAGE_BYTES), capacity, self._driver, copier, self._current, self._free_image_buffer
+            )
 
     def csv_double_buffer(self, file_bytes: int, images: int, module: Any) -> DeviceCsvDoubleBuffer:
         """Text buffers for ranges of a regular CSV file of `file_bytes` holding `images`, parsed by `module`'s kernels:

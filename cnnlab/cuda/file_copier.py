@@ -232,18 +232,18 @@ class DeviceImageBuffer:
 
     def __init__(
         self, allocation: DeviceAllocation, capacity: int, driver: Driver, copier: FileCopier,
-        release: Callable[[DeviceImageBuffer], None] | None = None,
+        current: Callable[[], AbstractContextManager[None]], release: Callable[[DeviceImageBuffer], None] | None = None,
     ) -> None:
         self.allocation, self.capacity, self._driver, self._copier, self._release = allocation, capacity, driver, copier, release
+        self._current = current
         self.ready = driver.Event(driver.event_flags.DISABLE_TIMING)
 
     def start_fill(self, fd: int, offset: int, count: int, stop: threading.Event) -> Copying:
         return self._copier.start(fd, offset, count * IMAGE_BYTES, int(self.allocation), self.ready, stop)
 
     def host_copy(self, count: int) -> np.ndarray:
-        """On the context's thread (it is current there)."""
         images = np.empty((count, INPUT_DIM, INPUT_DIM))
-        with device_errors("cannot copy images back from the device"):
+        with self._current(), device_errors("cannot copy images back from the device"):
             self.ready.synchronize()
             self._driver.memcpy_dtoh(images, self.allocation)
         return images

@@ -1,8 +1,8 @@
 """Several GPUs as one backend: each batch split in input order into shards, one a GPU, each computed on the thread that
 owns its GPU's context, and the outputs joined in order.
 
-A CudaContext computes on the thread that made it, so each GPU gets a thread of its own that makes its CudaContext,
-computes its shards and closes it. The buffers the reader fills are page-locked once (portable: every GPU's copies
+A CudaContext's calls block, one at a time, so each GPU gets a thread of its own that makes its CudaContext, computes
+its shards and closes it, and the GPUs compute at once. The buffers the reader fills are page-locked once (portable: every GPU's copies
 read them directly); a host batch is split by images, a batch of CSV text by whole pieces of the GPUs' chunk. A
 failure on any GPU ends the run as one on one GPU would: the error reaches the caller, every GPU's context closes.
 The backends are made by the callables given, so that the splitting is tested with stand-ins where one GPU (or none)
