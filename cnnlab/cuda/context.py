@@ -17,11 +17,12 @@ reads them), outputs to the host or, with `out`, added up on the device into the
 Threads: the driver context is current on a thread only while a call of CudaContext (or of a buffer it
 made) runs there, and inside a `with CudaContext(...)` block on the thread that entered it: each call
 pushes it and pops it (`_current()`), so no thread ends with it current, which PyCUDA punishes by
-aborting the process. Calls are made one at a time: a context computes on one thread at a time, while
-other threads allocate, free, fill and parse its buffers (the run's reader, the file copier's
-threads). One that is never closed closes when it is dropped or as the process ends (`_OPEN`), with
-its context current, so nothing of it is released where PyCUDA would warn. Several GPUs, and the
-Python API's kept contexts, give each context a thread of its own (owner.BackendOwner).
+aborting the process. Its calls run one at a time (a lock), whatever thread makes them, while other
+threads allocate, free, fill and parse its buffers (the run's reader, the file copier's threads). One
+that is never closed is closed, with its context current so that nothing of it is released where
+PyCUDA would warn, at the next call of any context once the collector finds it dropped, or as the
+process ends (`_OPEN`). Several GPUs, and the Python API's kept contexts, give each context a thread
+of its own (owner.BackendOwner).
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ from __future__ import annotations
 import atexit
 import functools
 import math
+import queue
+import sys
+import threading
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
@@ -88,10 +92,12 @@ R = TypeVar("R")
 
 
 def _in_context(method: Callable[Concatenate[CudaContext, P], R]) -> Callable[Concatenate[CudaContext, P], R]:
-    """`method` run with the context current on the calling thread: pushed before it, popped after."""
+    """`method` run with the context current on the calling thread (pushed before it, popped after), one call of the
+    context at a time; contexts dropped unclosed are closed first."""
 
     def run(self: CudaContext, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        with self._current():
+        _close_dropped()
+        with self._calls, self._current():
             return method(self, *args, **kwargs)
 
     functools.update_wrapper(run, method)  # its name and docstring, for help()
@@ -127,6 +133,7 @@ class CudaContext:
         staging buffers, sized to the file) is made on a thread while the kernels load, rather than with the first
         buffer; None: none.
         """
+        self._calls = threading.RLock()  # one call at a time, close() too, whatever threads call
         self.config = config or LaunchConfig()
         self._trace = trace
         self._parse_csv = parse_csv  # CSV input parsed here on the device; False: by the host's reader
@@ -320,7 +327,7 @@ class CudaContext:
 
         The reader's thread calls it too: the context is made current there for the allocation.
         """
-        with device_errors("cannot allocate page-locked host memory"), self._current():
+        with self._current(), device_errors("cannot allocate page-locked host memory"):
             return self.memory.host(nbytes, np.uint8)
 
     def free_text(self, buffer: np.ndarray) -> None:
@@ -333,13 +340,13 @@ class CudaContext:
     def _unless_lost(self, what: str, free: Callable[[], None]) -> None:
         """`free()` with the context current (on any thread), `what` the error's words; in a lost context nothing is
         freed (see close())."""
-        with device_errors(what), self._current():
+        with self._current(), device_errors(what):  # current: device_errors tells a lost context by it
             if not context_lost(self.driver):
                 free()
 
     @contextmanager
     def _current(self) -> Iterator[None]:
-        """The context made current in this thread for a while (the reader's thread has none of its own)."""
+        """The context made current on this thread for a while (pushed, then popped unless closed meanwhile)."""
         context = self._context
         if context is None:
             raise UsageError(CLOSED)
@@ -347,7 +354,8 @@ class CudaContext:
         try:
             yield
         finally:
-            context.pop()
+            if self._context is context:  # a close() meanwhile took it off this thread's stack already
+                context.pop()
 
     def _on_close(self, release: Callable[[], None]) -> None:
         """Have close() call `release` (in the reverse order of these calls), unless the context is lost by then: in a
@@ -366,17 +374,19 @@ class CudaContext:
     def close(self) -> None:
         """Release what __init__ made, in the reverse order, with the context current on this thread: the chunk
         streams, the modules, the file copier and host copier, the memory still out, then the context itself, which
-        leaves this thread's stack of current contexts (whatever thread closes). A second close() does nothing."""
-        context = self._context
-        if context is None:
-            return
-        context.push()
-        try:
-            self._resources.close()
-        finally:
-            self._context = None
-            _OPEN.discard(self)
-            context.detach()  # current here: the primary context released, and popped wherever this thread pushed it
+        leaves this thread's stack of current contexts (whatever thread closes). Waits for a call under way on another
+        thread. A second close() does nothing."""
+        with self._calls:
+            context = self._context
+            if context is None:
+                return
+            context.push()
+            try:
+                self._resources.close()
+            finally:
+                self._context = None
+                _OPEN.discard(self)
+                context.detach()  # current here: the primary context released, and popped from this thread's stack
 
     def __enter__(self) -> CudaContext:
         """The context made current on this thread until the block's end closes it (as before every call): for code
@@ -388,24 +398,35 @@ class CudaContext:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+        self.driver.Context.get_current()  # where another thread closed it, PyCUDA drops this thread's dead entry here
 
     def __del__(self) -> None:
-        """A context dropped without close() (a notebook's, rebound) gives its memory back now, on whatever thread the
-        collector runs."""
+        """A context dropped without close() (a notebook's, rebound) is closed at the next call of any context, or as
+        the process ends: the collector runs this on any thread, in the middle of any code and holding its locks,
+        where a whole close() could wait for one of them forever."""
         if getattr(self, "_context", None) is not None:
-            with suppress(Exception):  # as a file object's: nothing to tell, nobody to tell it to
-                self.close()
+            _DROPPED.put(self)  # SimpleQueue.put: safe in a finalizer
 
 
-# The contexts made and not yet closed, closed as the process ends: the Python API's kept ones first, on their own
-# threads (owner.release_backends), then any a caller never closed, on the main thread.
+# The contexts made and not yet closed: those still open as the process ends are closed then, the Python API's kept
+# ones first, on their own threads (owner.release_backends), then any a caller never closed.
 _OPEN: weakref.WeakSet[CudaContext] = weakref.WeakSet()
+_DROPPED: queue.SimpleQueue[CudaContext] = queue.SimpleQueue()  # collected unclosed, to be closed (__del__)
+
+
+def _close_dropped() -> None:
+    """Close the contexts the collector found unclosed, on this thread."""
+    while not _DROPPED.empty():
+        with suppress(Exception):  # as a file object's finalizer: nothing to tell, nobody to tell it to
+            _DROPPED.get().close()
 
 
 @atexit.register
 def _close_open_contexts() -> None:
-    from cnnlab.owner import release_backends
-
-    release_backends()
+    owner = sys.modules.get("cnnlab.owner")
+    if owner is not None:
+        owner.release_backends()
+    _close_dropped()
     for context in list(_OPEN):
-        context.close()
+        with suppress(Exception):
+            context.close()

@@ -81,7 +81,7 @@ def max_rows(text_bytes: int) -> int:
 
 class DeviceCsvDoubleBuffer:
     """A CUDA context's text and image buffers for one run's CSV file, and the parse from one into the other: a
-    network.CsvDoubleBuffer. Made and freed on the context's thread; the run's reader thread fills and parses them."""
+    network.CsvDoubleBuffer. Made and freed by the context's calls; the run's reader thread fills and parses them."""
 
     def __init__(
         self, driver: Driver, memory: Allocator, copier: FileCopier, module: Any, text_bytes: int, rows: int,
@@ -234,8 +234,8 @@ class DeviceCsvDoubleBuffer:
                 event.synchronize()
 
     def close(self) -> None:
-        """Give the memory back (on the context's thread, once synchronize() has returned); the events and the stream
-        go with their last reference, now, while the context is current."""
+        """Give the memory back (with the context current, once synchronize() has returned); the events and the stream
+        go with their last reference, now, while it is current."""
         self._csv.free()
         for buffer in self.images:
             self._memory.free(buffer.allocation)

@@ -93,8 +93,8 @@ def staging_shape(threads: int, job_bytes: int) -> tuple[int, int]:
 class FileCopier:
     """Copies byte ranges of files into device memory on `threads` threads (at most MAX_THREADS), with the context
     made current on each by `current`; its buffers are `memory`'s, given back when the context frees its memory. Up to
-    IN_FLIGHT copies at once (a run's reader thread asks): the threads' staging buffers serve every copy. Made on the
-    context's thread (its join stream is the context's).
+    IN_FLIGHT copies at once (a run's reader thread asks): the threads' staging buffers serve every copy. Made with the
+    context current (its join stream is the context's).
 
     Sized to the job, `job_bytes` (the most one copy moves): no more threads than it has tasks, and tasks no larger
     than it, so that a small file pins kilobytes, not every thread's two tasks."""
@@ -105,7 +105,7 @@ class FileCopier:
         self._driver, self._current = driver, current
         count, self.task_bytes = staging_shape(threads, job_bytes)
         self._pool = ThreadPoolExecutor(count, thread_name_prefix="cnnlab-copy-in")
-        # Every thread started now, the context made current on it once, rather than in the first copy's time, and its
+        # Every thread started now, the context made current on it for the start, rather than in the first copy's time, its
         # two staging buffers made there: the threads fault their pages in at once, where the driver faults one block's
         # in one after another (docs/gpu.md, "MAX_THREADS"). All wait at the barrier, so that each makes a pair.
         blocks: list[np.ndarray] = []
