@@ -298,3 +298,34 @@ def test_the_gpu_choice_faults_say_what_they_said_with_every_gpu_visible(
         assert "cannot start CUDA" in assert_one_line_error(cnnlab("cuda", cnn_file, input_file, out, env={gpus.VISIBLE: odd}))
     assert not out.exists()
     assert cnnlab("cuda", cnn_file, input_file, out, "--device", str(count), "--device", "0", env=env).returncode == 0
+
+
+def test_a_dropped_context_is_only_queued_by_its_finalizer_and_closed_by_the_next_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CudaContext's finalizer, which the collector may run on any thread holding any lock, only queues the context;
+    every call (and the process's end) first closes what is queued, on its own thread, one failing close not stopping
+    the rest."""
+    import queue
+
+    from cnnlab.cuda import context
+
+    monkeypatch.setattr(context, "_DROPPED", queue.SimpleQueue())
+    closed: list[str] = []
+
+    class Dropped(context.CudaContext):
+        def __init__(self, name: str, fails: bool) -> None:  # a context as __init__ leaves it, without a GPU
+            self.name, self.fails, self._context = name, fails, object()
+
+        def close(self) -> None:
+            closed.append(self.name)
+            self._context = None
+            if self.fails:
+                raise DeviceError("cannot free device memory: a lost context")
+
+    unmade = object.__new__(context.CudaContext)  # __init__ failed before the driver: nothing to close
+    unmade.__del__()
+    dropped = [Dropped("first", fails=True), Dropped("second", fails=False)]
+    for each in dropped:
+        each.__del__()
+    assert closed == [] and context._DROPPED.qsize() == 2
+    context._close_dropped()
+    assert closed == ["first", "second"] and context._DROPPED.empty()

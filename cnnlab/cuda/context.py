@@ -415,10 +415,14 @@ _DROPPED: queue.SimpleQueue[CudaContext] = queue.SimpleQueue()  # collected uncl
 
 
 def _close_dropped() -> None:
-    """Close the contexts the collector found unclosed, on this thread."""
-    while not _DROPPED.empty():
+    """Close the contexts the collector found unclosed, on this thread (another thread may be taking them too)."""
+    while True:
+        try:
+            dropped = _DROPPED.get_nowait()
+        except queue.Empty:
+            return
         with suppress(Exception):  # as a file object's finalizer: nothing to tell, nobody to tell it to
-            _DROPPED.get().close()
+            dropped.close()
 
 
 @atexit.register
