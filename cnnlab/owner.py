@@ -9,6 +9,7 @@ multi_gpu.py importing run.py back would close a circle. It imports only what a 
 from __future__ import annotations
 
 import atexit
+import os
 import queue
 import threading
 import traceback
@@ -119,6 +120,19 @@ class _Kept:
 # This process's backends, one a device (a GPU's index; None: the CPU), each on its own thread.
 _KEPT: dict[int | None, _Kept] = {}
 _KEPT_LOCK = threading.Lock()
+# A forked child's: the backends its parent kept. The child has none of their threads, and a GPU's cannot be used or
+# closed there (the driver refuses a forked child), so the child holds them, untouched, and makes its own.
+_LEFT_TO_THE_PARENT: list[_Kept] = []
+
+
+def _disown_after_fork() -> None:
+    global _KEPT_LOCK
+    _KEPT_LOCK = threading.Lock()  # one of the parent's threads may have held it as the process forked
+    _LEFT_TO_THE_PARENT.extend(_KEPT.values())
+    _KEPT.clear()
+
+
+os.register_at_fork(after_in_child=_disown_after_fork)
 
 
 def on_device(device: int | None, make: Callable[[], Backend], cnn: Cnn, token: object, job: Callable[[Backend], Any]) -> Future[Any]:

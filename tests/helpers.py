@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -222,3 +223,22 @@ BAD_INPUTS = {
     "very long line": (_with_line(3, lambda old: "1," * 600000), 4, "line longer than"),
     "N of 5,000 digits": (lambda lines: ["9" * 5000] + lines[1:], 1, "images: more than any file holds"),
 }
+
+
+def in_forked_child(check: Callable[[], bool]) -> bool:
+    """Whether `check()`, run in a child this process forks, returned True (not False, nor raised)."""
+    read, write = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # a fork of a process with threads: what the tests check
+        pid = os.fork()
+    if pid == 0:
+        try:
+            os.write(write, b"1" if check() else b"0")
+        finally:
+            os._exit(0)
+    os.close(write)
+    try:
+        return os.read(read, 1) == b"1"
+    finally:
+        os.close(read)
+        os.waitpid(pid, 0)

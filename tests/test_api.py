@@ -7,11 +7,12 @@ import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
+from operator import methodcaller
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import INPUT_KINDS, ROOT, random_cnn, write_files
+from helpers import INPUT_KINDS, ROOT, in_forked_child, random_cnn, write_files
 from reference import reference_forward
 
 import cnnlab
@@ -214,3 +215,29 @@ def test_the_process_keeps_a_backend_a_device_and_loads_each_call_s_cnn(monkeypa
     assert not owner._KEPT
     assert np.array_equal(job(cnns[2]), reference(images, cnns[2])) and len(CountingBackend.made) == 2
     owner.release_backends()
+
+
+def test_a_forked_child_makes_its_own_backend_and_leaves_its_parents_alone(
+    monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator
+) -> None:
+    """A child forked after on_device kept a backend has none of its thread: its first job makes a backend of its own
+    (rather than wait forever on the parent's), and the parent's is held there, never closed."""
+    monkeypatch.setattr(owner, "_KEPT", {})
+    monkeypatch.setattr(CountingBackend, "made", [])
+    images, cnn = random_values(rng, 5, 100, 100), random_cnn(rng)
+
+    def job() -> np.ndarray:
+        compute = methodcaller("compute", ImageBatch(images))
+        return owner.on_device(None, partial(CountingBackend, cnn), cnn, None, compute).result(timeout=60).values
+
+    parents = job()
+    (parent_backend,) = CountingBackend.made
+
+    def in_the_child() -> bool:
+        values = job()
+        held = [kept.owner.backend() for kept in owner._LEFT_TO_THE_PARENT]
+        return np.array_equal(values, parents) and len(CountingBackend.made) == 2 and held == [parent_backend]
+
+    assert in_forked_child(in_the_child)
+    assert np.array_equal(parents, reference(images, cnn))
+    assert np.array_equal(job(), parents) and CountingBackend.made == [parent_backend]  # the parent's serves on

@@ -9,21 +9,24 @@ from __future__ import annotations
 
 import inspect
 import os
+import queue
 import select
 import signal
 import subprocess
 import sys
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import ROOT, SUBPROCESS_ENV, assert_one_line_error, cnnlab, random_cnn, write_files
+from helpers import ROOT, SUBPROCESS_ENV, assert_one_line_error, cnnlab, in_forked_child, random_cnn, write_files
 
 from cnnlab import run
 from cnnlab.cli import main as cli
 from cnnlab.cpu.backend import CpuBackend
-from cnnlab.cuda import gpus
+from cnnlab.cuda import context, gpus
+from cnnlab.cuda.context import CudaContext
 from cnnlab.errors import DeviceError
 from cnnlab.generate import random_values
 
@@ -300,32 +303,48 @@ def test_the_gpu_choice_faults_say_what_they_said_with_every_gpu_visible(
     assert cnnlab("cuda", cnn_file, input_file, out, "--device", str(count), "--device", "0", env=env).returncode == 0
 
 
+class StandInContext(CudaContext):
+    """A CudaContext as __init__ leaves it, without a GPU: its close() is recorded, and fails where asked."""
+
+    def __init__(self, name: str, closed: list[str], fails: bool = False) -> None:
+        self.name, self.closed, self.fails, self._context = name, closed, fails, object()
+
+    def close(self) -> None:
+        self.closed.append(self.name)
+        self._context = None
+        if self.fails:
+            raise DeviceError("cannot free device memory: a lost context")
+
+
 def test_a_dropped_context_is_only_queued_by_its_finalizer_and_closed_by_the_next_call(monkeypatch: pytest.MonkeyPatch) -> None:
     """CudaContext's finalizer, which the collector may run on any thread holding any lock, only queues the context;
     every call (and the process's end) first closes what is queued, on its own thread, one failing close not stopping
     the rest."""
-    import queue
-
-    from cnnlab.cuda import context
-
     monkeypatch.setattr(context, "_DROPPED", queue.SimpleQueue())
     closed: list[str] = []
-
-    class Dropped(context.CudaContext):
-        def __init__(self, name: str, fails: bool) -> None:  # a context as __init__ leaves it, without a GPU
-            self.name, self.fails, self._context = name, fails, object()
-
-        def close(self) -> None:
-            closed.append(self.name)
-            self._context = None
-            if self.fails:
-                raise DeviceError("cannot free device memory: a lost context")
-
-    unmade = object.__new__(context.CudaContext)  # __init__ failed before the driver: nothing to close
+    unmade = object.__new__(CudaContext)  # __init__ failed before the driver: nothing to close
     unmade.__del__()
-    dropped = [Dropped("first", fails=True), Dropped("second", fails=False)]
-    for each in dropped:
+    for each in (StandInContext("first", closed, fails=True), StandInContext("second", closed)):
         each.__del__()
     assert closed == [] and context._DROPPED.qsize() == 2
     context._close_dropped()
     assert closed == ["first", "second"] and context._DROPPED.empty()
+
+
+def test_a_forked_child_holds_its_parents_contexts_and_closes_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A child forked from a process with contexts open, or dropped and not yet closed, leaves them be: the driver
+    refuses a forked child their use and their closing, and its calls and its end close none of them."""
+    monkeypatch.setattr(context, "_DROPPED", queue.SimpleQueue())
+    monkeypatch.setattr(context, "_OPEN", weakref.WeakSet())
+    closed: list[str] = []
+    still_open, dropped = StandInContext("open", closed), StandInContext("dropped", closed)
+    context._OPEN.add(still_open)
+    dropped.__del__()
+
+    def in_the_child() -> bool:
+        context._close_dropped()
+        context._close_open_contexts()
+        return closed == [] and all(any(held is each for held in context._LEFT_TO_THE_PARENT) for each in (still_open, dropped))
+
+    assert in_forked_child(in_the_child)
+    still_open._context = dropped._context = None  # nothing for this process's end to close either

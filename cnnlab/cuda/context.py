@@ -30,6 +30,7 @@ from __future__ import annotations
 import atexit
 import functools
 import math
+import os
 import queue
 import sys
 import threading
@@ -423,6 +424,21 @@ def _close_dropped() -> None:
             return
         with suppress(Exception):  # as a file object's finalizer: nothing to tell, nobody to tell it to
             dropped.close()
+
+
+def _disown_after_fork() -> None:
+    """A forked child holds its parent's contexts, untouched: the driver refuses it their use, and their closing."""
+    _LEFT_TO_THE_PARENT.extend(_OPEN)
+    _OPEN.clear()
+    while True:
+        try:
+            _LEFT_TO_THE_PARENT.append(_DROPPED.get_nowait())
+        except queue.Empty:
+            return
+
+
+_LEFT_TO_THE_PARENT: list[CudaContext] = []  # a forked child's (_disown_after_fork)
+os.register_at_fork(after_in_child=_disown_after_fork)
 
 
 @atexit.register
