@@ -9,6 +9,7 @@ multi_gpu.py importing run.py back would close a circle. It imports only what a 
 from __future__ import annotations
 
 import atexit
+import ctypes
 import os
 import queue
 import threading
@@ -125,6 +126,12 @@ _KEPT_LOCK = threading.Lock()
 _LEFT_TO_THE_PARENT: list[_Kept] = []
 
 
+def never_freed(held: object) -> None:
+    """One more reference to `held`, never given back: not even the interpreter's end frees it (a forked child's hold
+    on what its parent made, whose freeing would call the parent's driver or join the parent's threads)."""
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(held))
+
+
 def _disown_after_fork() -> None:
     global _KEPT_LOCK
     _KEPT_LOCK = threading.Lock()  # one of the parent's threads may have held it as the process forked
@@ -132,6 +139,7 @@ def _disown_after_fork() -> None:
     _KEPT.clear()
 
 
+never_freed(_LEFT_TO_THE_PARENT)
 os.register_at_fork(after_in_child=_disown_after_fork)
 
 

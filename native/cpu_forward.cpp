@@ -313,9 +313,8 @@ void Forward_close_pool(Forward *self)
 {
     if (self->pool) {
         Py_BEGIN_ALLOW_THREADS
-        self->pool->stop();
+        cnnlab::release(self->pool);
         Py_END_ALLOW_THREADS
-        delete self->pool;
         self->pool = nullptr;
     }
     if (self->scratch) {

@@ -79,9 +79,8 @@ void Pool_stop(PoolObject *self)
 {
     if (self->pool) {
         Py_BEGIN_ALLOW_THREADS
-        self->pool->stop();
+        cnnlab::release(self->pool);
         Py_END_ALLOW_THREADS
-        delete self->pool;
         self->pool = nullptr;
     }
 }

@@ -30,9 +30,12 @@ class Pool {
 
     int threads() const { return threads_; }
 
+    // Whether this process made the pool: a forked child's copy has none of its threads (see release()).
+    bool made_here() const { return getpid() == pid_; }
+
     void run(const std::function<void(int)> &task, int wanted)
     {
-        if (getpid() != pid_) {  // a forked child: the workers are not here, and a lock may be held forever
+        if (!made_here()) {  // a forked child: the workers are not here, and a lock may be held forever
             task(0);
             return;
         }
@@ -62,7 +65,7 @@ class Pool {
 
     void stop()
     {
-        if (getpid() != pid_ || workers_.empty())
+        if (!made_here() || workers_.empty())
             return;
         {
             std::lock_guard<std::mutex> lock(mutex_);
@@ -107,6 +110,16 @@ class Pool {
     int used_ = 0, running_ = 0;
     bool stopping_ = false;
 };
+
+// Stop `pool`'s threads and delete it; a forked child's copy of its parent's pool is left as it is: destroying its
+// threads (never started here) would terminate the process, and its locks may wait forever for the parent's threads.
+inline void release(Pool *pool)
+{
+    if (pool->made_here()) {
+        pool->stop();
+        delete pool;
+    }
+}
 
 }  // namespace cnnlab
 

@@ -6,12 +6,14 @@ Test modules import from here, never from each other.
 
 from __future__ import annotations
 
+import faulthandler
 import fcntl
 import os
 import re
 import shutil
 import subprocess
 import sys
+import traceback
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -225,20 +227,27 @@ BAD_INPUTS = {
 }
 
 
-def in_forked_child(check: Callable[[], bool]) -> bool:
-    """Whether `check()`, run in a child this process forks, returned True (not False, nor raised)."""
+def in_forked_child(check: Callable[[], bool], timeout: int = 60) -> bool:
+    """Whether `check()`, run in a child this process forks, returned True within `timeout` seconds (not False, nor
+    raised: its traceback goes to stderr; nor hung: the child's threads' stacks go to stderr and it ends)."""
     read, write = os.pipe()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # a fork of a process with threads: what the tests check
         pid = os.fork()
     if pid == 0:
+        faulthandler.dump_traceback_later(timeout, exit=True)
+        passed = False
         try:
-            os.write(write, b"1" if check() else b"0")
+            passed = check()
+        except BaseException:
+            os.write(2, traceback.format_exc().encode())  # straight to the descriptor: a stream's lock may be a dead thread's
         finally:
-            os._exit(0)
+            os.write(write, b"1" if passed else b"0")
+            os._exit(0 if passed else 1)
     os.close(write)
     try:
-        return os.read(read, 1) == b"1"
+        answer = os.read(read, 1)
     finally:
         os.close(read)
-        os.waitpid(pid, 0)
+        _, status = os.waitpid(pid, 0)
+    return answer == b"1" and os.waitstatus_to_exitcode(status) == 0

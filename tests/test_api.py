@@ -221,8 +221,10 @@ def test_a_forked_child_makes_its_own_backend_and_leaves_its_parents_alone(
     monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator
 ) -> None:
     """A child forked after on_device kept a backend has none of its thread: its first job makes a backend of its own
-    (rather than wait forever on the parent's), and the parent's is held there, never closed."""
+    (rather than wait forever on the parent's), and the parent's is held there, never closed. Forked while one of the
+    parent's threads holds the kept backends' lock, the child still gets on (its lock is a new one)."""
     monkeypatch.setattr(owner, "_KEPT", {})
+    monkeypatch.setattr(owner, "_LEFT_TO_THE_PARENT", [])
     monkeypatch.setattr(CountingBackend, "made", [])
     images, cnn = random_values(rng, 5, 100, 100), random_cnn(rng)
 
@@ -238,6 +240,42 @@ def test_a_forked_child_makes_its_own_backend_and_leaves_its_parents_alone(
         held = [kept.owner.backend() for kept in owner._LEFT_TO_THE_PARENT]
         return np.array_equal(values, parents) and len(CountingBackend.made) == 2 and held == [parent_backend]
 
-    assert in_forked_child(in_the_child)
-    assert np.array_equal(parents, reference(images, cnn))
-    assert np.array_equal(job(), parents) and CountingBackend.made == [parent_backend]  # the parent's serves on
+    try:
+        assert in_forked_child(in_the_child)
+        held, release = threading.Event(), threading.Event()
+
+        def hold_the_lock() -> None:
+            with owner._KEPT_LOCK:
+                held.set()
+                release.wait()
+
+        holder = threading.Thread(target=hold_the_lock)
+        holder.start()
+        held.wait()
+        try:
+            assert in_forked_child(in_the_child, timeout=20)
+        finally:
+            release.set()
+            holder.join()
+        assert np.array_equal(parents, reference(images, cnn))
+        assert np.array_equal(job(), parents) and CountingBackend.made == [parent_backend]  # the parent's serves on
+    finally:
+        owner.release_backends()
+
+
+def test_a_forked_child_frees_a_cpu_backend_its_parent_made(rng: np.random.Generator) -> None:
+    """The native forward's thread pool, copied into a forked child without its threads, is left there as the child
+    closes the backend (joining or destroying the parent's threads would hang or end the child); the child computes
+    with a backend of its own."""
+    images, cnn = random_values(rng, 64, 100, 100), random_cnn(rng)
+    want = reference(images, cnn)
+    with cnnlab_cpu.CpuBackend(cnn, threads=2) as parents:  # two threads: a batch of 64 starts the pool's worker
+        assert np.array_equal(parents.compute(ImageBatch(images)).values, want)
+
+        def in_the_child() -> bool:
+            parents.close()
+            with cnnlab_cpu.CpuBackend(cnn, threads=2) as own:
+                return np.array_equal(own.compute(ImageBatch(images)).values, want)
+
+        assert in_forked_child(in_the_child, timeout=20)
+        assert np.array_equal(parents.compute(ImageBatch(images)).values, want)

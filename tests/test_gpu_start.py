@@ -336,6 +336,7 @@ def test_a_forked_child_holds_its_parents_contexts_and_closes_none(monkeypatch: 
     refuses a forked child their use and their closing, and its calls and its end close none of them."""
     monkeypatch.setattr(context, "_DROPPED", queue.SimpleQueue())
     monkeypatch.setattr(context, "_OPEN", weakref.WeakSet())
+    monkeypatch.setattr(context, "_LEFT_TO_THE_PARENT", [])
     closed: list[str] = []
     still_open, dropped = StandInContext("open", closed), StandInContext("dropped", closed)
     context._OPEN.add(still_open)
@@ -348,3 +349,40 @@ def test_a_forked_child_holds_its_parents_contexts_and_closes_none(monkeypatch: 
 
     assert in_forked_child(in_the_child)
     still_open._context = dropped._context = None  # nothing for this process's end to close either
+
+
+FORKED_EXIT = """
+import os
+import sys
+
+from cnnlab.cuda import context
+
+
+class StandIn(context.CudaContext):
+    def __init__(self) -> None:
+        self._context = object()
+
+    def close(self) -> None:
+        os.write(1, b"closed\\n")
+
+    def __del__(self) -> None:
+        os.write(1, b"finalized\\n")
+
+
+held = StandIn()
+context._OPEN.add(held)
+pid = os.fork()
+if pid == 0:
+    del held  # the child's own reference: only what cnnlab holds of its parent's is left
+    sys.exit(0)  # a normal exit: the atexit hooks, then the interpreter's end
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status), flush=True)
+os._exit(0)  # this process's own end would close and finalize it: not what is tested
+"""
+
+
+def test_a_forked_child_that_exits_normally_frees_nothing_of_its_parents() -> None:
+    """A forked child's normal exit (its atexit hooks, then the interpreter's end freeing what its modules held) never
+    reaches its parent's contexts: neither closed nor finalized there, with nothing on stderr."""
+    result = subprocess.run([sys.executable, "-c", FORKED_EXIT], capture_output=True, text=True, env=SUBPROCESS_ENV, timeout=60)
+    assert (result.returncode, result.stdout, result.stderr) == (0, "0\n", "")

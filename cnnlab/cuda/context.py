@@ -73,6 +73,7 @@ from cnnlab.cuda.memory import Allocator, HostCopier, is_page_locked
 from cnnlab.cuda.nvcc import ensure_modules
 from cnnlab.errors import ArrayError, UsageError
 from cnnlab.network import Cnn, ImageBatch, OutputBatch, default_threads, require_finite
+from cnnlab.owner import never_freed
 from cnnlab.tracing import NO_TRACE, Tracer
 
 if TYPE_CHECKING:
@@ -438,6 +439,7 @@ def _disown_after_fork() -> None:
 
 
 _LEFT_TO_THE_PARENT: list[CudaContext] = []  # a forked child's (_disown_after_fork)
+never_freed(_LEFT_TO_THE_PARENT)
 os.register_at_fork(after_in_child=_disown_after_fork)
 
 
