@@ -386,3 +386,23 @@ def test_a_forked_child_that_exits_normally_frees_nothing_of_its_parents() -> No
     reaches its parent's contexts: neither closed nor finalized there, with nothing on stderr."""
     result = subprocess.run([sys.executable, "-c", FORKED_EXIT], capture_output=True, text=True, env=SUBPROCESS_ENV, timeout=60)
     assert (result.returncode, result.stdout, result.stderr) == (0, "0\n", "")
+
+
+def test_a_child_forked_after_the_driver_started_is_told_to_spawn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CudaContext made in a child forked from a process whose CudaContext started the driver is refused in one line
+    saying why and what to do, before the driver is asked (it cannot start in such a child); the parent is not refused."""
+    monkeypatch.setattr(context, "_DRIVER_STARTED_IN", os.getpid())
+    cnn = random_cnn(np.random.default_rng())
+
+    def in_the_child() -> bool:
+        try:
+            CudaContext(cnn)
+        except DeviceError as error:
+            return str(error) == context.FORKED
+        return False
+
+    assert in_forked_child(in_the_child)
+    try:
+        CudaContext(cnn).close()
+    except DeviceError as error:  # no GPU or no PyCUDA here: this machine's word, not the fork's
+        assert str(error) != context.FORKED

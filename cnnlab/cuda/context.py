@@ -71,7 +71,7 @@ from cnnlab.cuda.ladder import LaunchConfig, launcher
 from cnnlab.cuda.launchers import Launcher
 from cnnlab.cuda.memory import Allocator, HostCopier, is_page_locked
 from cnnlab.cuda.nvcc import ensure_modules
-from cnnlab.errors import ArrayError, UsageError
+from cnnlab.errors import ArrayError, DeviceError, UsageError
 from cnnlab.network import Cnn, ImageBatch, OutputBatch, default_threads, require_finite
 from cnnlab.owner import never_freed
 from cnnlab.tracing import NO_TRACE, Tracer
@@ -84,6 +84,10 @@ DEFAULT_BATCH_IMAGES = 2048  # images per compute() call from host buffers: the 
 DEFAULT_TEXT_BATCH_IMAGES = 256  # images per compute() call of CSV text from host windows, parsed on the device
 TEXT_CHUNKS = 2  # chunks a text batch is dealt in, one a stream, so that one chunk's copy overlaps the other's parse
 CLOSED = "this CudaContext is closed"  # what a call after close() raises (UsageError)
+FORKED = (
+    "cannot start CUDA in a process forked from one that had started it (the driver does not carry over a fork): "
+    "start GPU workers with multiprocessing's 'spawn' or 'forkserver' method"
+)
 # The least device memory a run works in besides its context: the smallest CSV double buffer (a file's text parsed on
 # the device), space for the chunk streams' partials and a chunk's activations, and the weights.
 MIN_RUN_BYTES = double_buffer_bytes(MIN_TEXT_BUFFER_BYTES, MIN_PARSE_ROWS) + (4 << 20)
@@ -135,6 +139,8 @@ class CudaContext:
         staging buffers, sized to the file) is made on a thread while the kernels load, rather than with the first
         buffer; None: none.
         """
+        if _DRIVER_STARTED_IN not in (None, os.getpid()):
+            raise DeviceError(FORKED)
         self._calls = threading.RLock()  # one call at a time, close() too, whatever threads call
         self.config = config or LaunchConfig()
         self._trace = trace
@@ -156,6 +162,7 @@ class CudaContext:
             gpu = driver.Device(ordinal)
             # The primary context, as the CUDA runtime uses: other libraries in the process share it.
             self._context = context = retain_context(driver, gpu, device, MIN_RUN_BYTES)
+        _driver_started()
         try:
             with device_errors("cannot start CUDA"):
                 check_free_memory(driver, gpu, device, MIN_RUN_BYTES)
@@ -441,6 +448,12 @@ def _disown_after_fork() -> None:
 _LEFT_TO_THE_PARENT: list[CudaContext] = []  # a forked child's (_disown_after_fork)
 never_freed(_LEFT_TO_THE_PARENT)
 os.register_at_fork(after_in_child=_disown_after_fork)
+_DRIVER_STARTED_IN: int | None = None  # the process whose first CudaContext started the driver; a child forked from it cannot
+
+
+def _driver_started() -> None:
+    global _DRIVER_STARTED_IN
+    _DRIVER_STARTED_IN = _DRIVER_STARTED_IN or os.getpid()
 
 
 @atexit.register
