@@ -14,8 +14,8 @@ import os
 import queue
 import threading
 import traceback
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from cnnlab.backend import Backend
 from cnnlab.interrupts import join_through_signals
@@ -25,11 +25,13 @@ if TYPE_CHECKING:
 
     from cnnlab.network import Cnn
 
+T = TypeVar("T")
+
 
 class BackendOwner:
     """A backend made (at once), used and closed on a thread of its own, named `name`: a backend computes one call at a
     time, whatever threads submit them, and what a CudaContext's call leaves behind is released by PyCUDA without a
-    warning on the thread that made the context (cuda/context.py says the rule)."""
+    warning on the thread that made the context (_without_locals)."""
 
     def __init__(self, make: Callable[[], Backend], name: str) -> None:
         # Imported here, as in submit(): a run on the CPU from a mapped .npy file owns no backend on a thread, and its
@@ -118,29 +120,31 @@ class _Kept:
         return job(backend)
 
 
+def held_in_a_forked_child(disown: Callable[[], Iterable[T]]) -> list[T]:
+    """The list a child this process forks keeps what `disown()` takes (in the child, as it starts) of what the parent
+    made: never used, closed or freed there, not even by the interpreter's end, for its freeing would call the parent's
+    driver or join the parent's threads, which the child has not."""
+    held: list[T] = []
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(held))  # a reference never given back
+    os.register_at_fork(after_in_child=lambda: held.extend(disown()))
+    return held
+
+
 # This process's backends, one a device (a GPU's index; None: the CPU), each on its own thread.
 _KEPT: dict[int | None, _Kept] = {}
 _KEPT_LOCK = threading.Lock()
-# A forked child's: the backends its parent kept. The child has none of their threads, and a GPU's cannot be used or
-# closed there (the driver refuses a forked child), so the child holds them, untouched, and makes its own.
-_LEFT_TO_THE_PARENT: list[_Kept] = []
 
 
-def never_freed(held: object) -> None:
-    """One more reference to `held`, never given back: not even the interpreter's end frees it (a forked child's hold
-    on what its parent made, whose freeing would call the parent's driver or join the parent's threads)."""
-    ctypes.pythonapi.Py_IncRef(ctypes.py_object(held))
-
-
-def _disown_after_fork() -> None:
+def _disown_kept() -> list[_Kept]:
+    """The backends a forked child's parent kept, taken from the child's own: it has none of their threads."""
     global _KEPT_LOCK
     _KEPT_LOCK = threading.Lock()  # one of the parent's threads may have held it as the process forked
-    _LEFT_TO_THE_PARENT.extend(_KEPT.values())
+    kept = list(_KEPT.values())
     _KEPT.clear()
+    return kept
 
 
-never_freed(_LEFT_TO_THE_PARENT)
-os.register_at_fork(after_in_child=_disown_after_fork)
+_LEFT_TO_THE_PARENT = held_in_a_forked_child(_disown_kept)
 
 
 def on_device(device: int | None, make: Callable[[], Backend], cnn: Cnn, token: object, job: Callable[[Backend], Any]) -> Future[Any]:

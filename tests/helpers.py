@@ -6,11 +6,12 @@ Test modules import from here, never from each other.
 
 from __future__ import annotations
 
-import faulthandler
 import fcntl
 import os
 import re
+import select
 import shutil
+import signal
 import subprocess
 import sys
 import traceback
@@ -228,14 +229,13 @@ BAD_INPUTS = {
 
 
 def in_forked_child(check: Callable[[], bool], timeout: int = 60) -> bool:
-    """Whether `check()`, run in a child this process forks, returned True within `timeout` seconds (not False, nor
-    raised: its traceback goes to stderr; nor hung: the child's threads' stacks go to stderr and it ends)."""
+    """Whether `check()`, run in a child this process forks, returned True within `timeout` seconds: not False, nor
+    raised (its traceback goes to stderr), nor hung (the child is aborted: pytest's faulthandler prints its stacks)."""
     read, write = os.pipe()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # a fork of a process with threads: what the tests check
         pid = os.fork()
     if pid == 0:
-        faulthandler.dump_traceback_later(timeout, exit=True)
         passed = False
         try:
             passed = check()
@@ -246,7 +246,10 @@ def in_forked_child(check: Callable[[], bool], timeout: int = 60) -> bool:
             os._exit(0 if passed else 1)
     os.close(write)
     try:
-        answer = os.read(read, 1)
+        answered, _, _ = select.select([read], [], [], timeout)
+        if not answered:
+            os.kill(pid, signal.SIGABRT)
+        answer = os.read(read, 1) if answered else b""
     finally:
         os.close(read)
         _, status = os.waitpid(pid, 0)

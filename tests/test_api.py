@@ -224,7 +224,6 @@ def test_a_forked_child_makes_its_own_backend_and_leaves_its_parents_alone(
     (rather than wait forever on the parent's), and the parent's is held there, never closed. Forked while one of the
     parent's threads holds the kept backends' lock, the child still gets on (its lock is a new one)."""
     monkeypatch.setattr(owner, "_KEPT", {})
-    monkeypatch.setattr(owner, "_LEFT_TO_THE_PARENT", [])
     monkeypatch.setattr(CountingBackend, "made", [])
     images, cnn = random_values(rng, 5, 100, 100), random_cnn(rng)
 

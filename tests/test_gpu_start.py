@@ -26,6 +26,7 @@ from cnnlab import run
 from cnnlab.cli import main as cli
 from cnnlab.cpu.backend import CpuBackend
 from cnnlab.cuda import context, gpus
+from cnnlab.cuda import driver as cuda_driver
 from cnnlab.cuda.context import CudaContext
 from cnnlab.errors import DeviceError
 from cnnlab.generate import random_values
@@ -230,6 +231,7 @@ STARTS_ONLY = """
 import sys
 from cnnlab.cuda.driver import start_driver
 from cnnlab.cuda.context import CudaContext
+from cnnlab.cuda import driver as cuda_driver
 from cnnlab.network import Cnn
 import numpy as np
 gpu = int(sys.argv[1])
@@ -336,7 +338,6 @@ def test_a_forked_child_holds_its_parents_contexts_and_closes_none(monkeypatch: 
     refuses a forked child their use and their closing, and its calls and its end close none of them."""
     monkeypatch.setattr(context, "_DROPPED", queue.SimpleQueue())
     monkeypatch.setattr(context, "_OPEN", weakref.WeakSet())
-    monkeypatch.setattr(context, "_LEFT_TO_THE_PARENT", [])
     closed: list[str] = []
     still_open, dropped = StandInContext("open", closed), StandInContext("dropped", closed)
     context._OPEN.add(still_open)
@@ -391,18 +392,18 @@ def test_a_forked_child_that_exits_normally_frees_nothing_of_its_parents() -> No
 def test_a_child_forked_after_the_driver_started_is_told_to_spawn(monkeypatch: pytest.MonkeyPatch) -> None:
     """A CudaContext made in a child forked from a process whose CudaContext started the driver is refused in one line
     saying why and what to do, before the driver is asked (it cannot start in such a child); the parent is not refused."""
-    monkeypatch.setattr(context, "_DRIVER_STARTED_IN", os.getpid())
+    monkeypatch.setattr(cuda_driver, "_STARTED_IN", os.getpid())
     cnn = random_cnn(np.random.default_rng())
 
     def in_the_child() -> bool:
         try:
             CudaContext(cnn)
         except DeviceError as error:
-            return str(error) == context.FORKED
+            return str(error) == cuda_driver.FORKED
         return False
 
     assert in_forked_child(in_the_child)
     try:
         CudaContext(cnn).close()
     except DeviceError as error:  # no GPU or no PyCUDA here: this machine's word, not the fork's
-        assert str(error) != context.FORKED
+        assert str(error) != cuda_driver.FORKED

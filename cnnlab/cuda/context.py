@@ -30,9 +30,7 @@ from __future__ import annotations
 import atexit
 import functools
 import math
-import os
 import queue
-import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -43,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 
+from cnnlab import owner
 from cnnlab.arrays import check_device_images, check_device_outputs, device_array, host_images
 from cnnlab.backend import DeviceBatch, TextBatching
 from cnnlab.constants import INPUT_DIM, OUT_LAYER_SIZE
@@ -60,6 +59,7 @@ from cnnlab.cuda.driver import (
     context_lost,
     device_errors,
     import_driver,
+    refuse_a_forked_child,
     retain_context,
     synchronize_stream,
     visible_count,
@@ -71,9 +71,9 @@ from cnnlab.cuda.ladder import LaunchConfig, launcher
 from cnnlab.cuda.launchers import Launcher
 from cnnlab.cuda.memory import Allocator, HostCopier, is_page_locked
 from cnnlab.cuda.nvcc import ensure_modules
-from cnnlab.errors import ArrayError, DeviceError, UsageError
+from cnnlab.errors import ArrayError, UsageError
 from cnnlab.network import Cnn, ImageBatch, OutputBatch, default_threads, require_finite
-from cnnlab.owner import never_freed
+from cnnlab.owner import held_in_a_forked_child
 from cnnlab.tracing import NO_TRACE, Tracer
 
 if TYPE_CHECKING:
@@ -84,10 +84,6 @@ DEFAULT_BATCH_IMAGES = 2048  # images per compute() call from host buffers: the 
 DEFAULT_TEXT_BATCH_IMAGES = 256  # images per compute() call of CSV text from host windows, parsed on the device
 TEXT_CHUNKS = 2  # chunks a text batch is dealt in, one a stream, so that one chunk's copy overlaps the other's parse
 CLOSED = "this CudaContext is closed"  # what a call after close() raises (UsageError)
-FORKED = (
-    "cannot start CUDA in a process forked from one that had started it (the driver does not carry over a fork): "
-    "start GPU workers with multiprocessing's 'spawn' or 'forkserver' method"
-)
 # The least device memory a run works in besides its context: the smallest CSV double buffer (a file's text parsed on
 # the device), space for the chunk streams' partials and a chunk's activations, and the weights.
 MIN_RUN_BYTES = double_buffer_bytes(MIN_TEXT_BUFFER_BYTES, MIN_PARSE_ROWS) + (4 << 20)
@@ -139,8 +135,7 @@ class CudaContext:
         staging buffers, sized to the file) is made on a thread while the kernels load, rather than with the first
         buffer; None: none.
         """
-        if _DRIVER_STARTED_IN not in (None, os.getpid()):
-            raise DeviceError(FORKED)
+        refuse_a_forked_child()
         self._calls = threading.RLock()  # one call at a time, close() too, whatever threads call
         self.config = config or LaunchConfig()
         self._trace = trace
@@ -162,7 +157,6 @@ class CudaContext:
             gpu = driver.Device(ordinal)
             # The primary context, as the CUDA runtime uses: other libraries in the process share it.
             self._context = context = retain_context(driver, gpu, device, MIN_RUN_BYTES)
-        _driver_started()
         try:
             with device_errors("cannot start CUDA"):
                 check_free_memory(driver, gpu, device, MIN_RUN_BYTES)
@@ -363,8 +357,15 @@ class CudaContext:
         try:
             yield
         finally:
-            if self._context is context:  # a close() meanwhile took it off this thread's stack already
+            if self._context is context:
                 context.pop()
+            else:  # closed meanwhile: gone from this thread's stack where this thread closed it, dead on it elsewhere
+                self._drop_dead_entry()
+
+    def _drop_dead_entry(self) -> None:
+        """Where another thread closed the context, this thread's stack still holds it, dead, which PyCUDA would abort
+        the process for as the thread ends: asking what is current drops it."""
+        self.driver.Context.get_current()
 
     def _on_close(self, release: Callable[[], None]) -> None:
         """Have close() call `release` (in the reverse order of these calls), unless the context is lost by then: in a
@@ -407,7 +408,7 @@ class CudaContext:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-        self.driver.Context.get_current()  # where another thread closed it, PyCUDA drops this thread's dead entry here
+        self._drop_dead_entry()
 
     def __del__(self) -> None:
         """A context dropped without close() (a notebook's, rebound) is closed at the next call of any context, or as
@@ -434,33 +435,24 @@ def _close_dropped() -> None:
             dropped.close()
 
 
-def _disown_after_fork() -> None:
-    """A forked child holds its parent's contexts, untouched: the driver refuses it their use, and their closing."""
-    _LEFT_TO_THE_PARENT.extend(_OPEN)
+def _disown_contexts() -> list[CudaContext]:
+    """The contexts a forked child's parent had open or dropped, taken from the child's own: the driver refuses the
+    child their use and their closing."""
+    contexts = list(_OPEN)
     _OPEN.clear()
     while True:
         try:
-            _LEFT_TO_THE_PARENT.append(_DROPPED.get_nowait())
+            contexts.append(_DROPPED.get_nowait())
         except queue.Empty:
-            return
+            return contexts
 
 
-_LEFT_TO_THE_PARENT: list[CudaContext] = []  # a forked child's (_disown_after_fork)
-never_freed(_LEFT_TO_THE_PARENT)
-os.register_at_fork(after_in_child=_disown_after_fork)
-_DRIVER_STARTED_IN: int | None = None  # the process whose first CudaContext started the driver; a child forked from it cannot
-
-
-def _driver_started() -> None:
-    global _DRIVER_STARTED_IN
-    _DRIVER_STARTED_IN = _DRIVER_STARTED_IN or os.getpid()
+_LEFT_TO_THE_PARENT = held_in_a_forked_child(_disown_contexts)
 
 
 @atexit.register
 def _close_open_contexts() -> None:
-    owner = sys.modules.get("cnnlab.owner")
-    if owner is not None:
-        owner.release_backends()
+    owner.release_backends()
     _close_dropped()
     for context in list(_OPEN):
         with suppress(Exception):

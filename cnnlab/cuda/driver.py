@@ -237,10 +237,26 @@ def import_driver() -> Driver:
     return driver  # the module, untyped to the checker: Driver says what of it cnnlab uses
 
 
+FORKED = (
+    "cannot start CUDA in a process forked from one where cnnlab had started it (the driver does not carry over a "
+    "fork): start GPU workers with multiprocessing's 'spawn' or 'forkserver' method"
+)
+_STARTED_IN: int | None = None  # the process where visible_count started the driver; a child forked from it cannot
+
+
+def refuse_a_forked_child() -> None:
+    """A one-line DeviceError in a child forked from a process where cnnlab started the driver, before it is asked."""
+    if _STARTED_IN not in (None, os.getpid()):
+        raise DeviceError(FORKED)
+
+
 def visible_count(driver: Driver) -> int:
     """Start the driver (where it has not started); how many GPUs it sees."""
+    global _STARTED_IN
+    refuse_a_forked_child()
     with device_errors("cannot start CUDA"):
         driver.init()
+        _STARTED_IN = _STARTED_IN or os.getpid()
         return driver.Device.count()
 
 
