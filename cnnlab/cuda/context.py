@@ -73,7 +73,6 @@ from cnnlab.cuda.memory import Allocator, HostCopier, is_page_locked
 from cnnlab.cuda.nvcc import ensure_modules
 from cnnlab.errors import ArrayError, UsageError
 from cnnlab.network import Cnn, ImageBatch, OutputBatch, default_threads, require_finite
-from cnnlab.owner import held_in_a_forked_child
 from cnnlab.tracing import NO_TRACE, Tracer
 
 if TYPE_CHECKING:
@@ -424,13 +423,20 @@ _OPEN: weakref.WeakSet[CudaContext] = weakref.WeakSet()
 _DROPPED: queue.SimpleQueue[CudaContext] = queue.SimpleQueue()  # collected unclosed, to be closed (__del__)
 
 
-def _close_dropped() -> None:
-    """Close the contexts the collector found unclosed, on this thread (another thread may be taking them too)."""
+def _take_dropped() -> list[CudaContext]:
+    """The contexts the collector found unclosed, taken from the queue without waiting (another thread may be taking
+    them too)."""
+    taken = []
     while True:
         try:
-            dropped = _DROPPED.get_nowait()
+            taken.append(_DROPPED.get_nowait())
         except queue.Empty:
-            return
+            return taken
+
+
+def _close_dropped() -> None:
+    """Close the contexts the collector found unclosed, on this thread."""
+    for dropped in _take_dropped():
         with suppress(Exception):  # as a file object's finalizer: nothing to tell, nobody to tell it to
             dropped.close()
 
@@ -440,14 +446,10 @@ def _disown_contexts() -> list[CudaContext]:
     child their use and their closing."""
     contexts = list(_OPEN)
     _OPEN.clear()
-    while True:
-        try:
-            contexts.append(_DROPPED.get_nowait())
-        except queue.Empty:
-            return contexts
+    return contexts + _take_dropped()
 
 
-_LEFT_TO_THE_PARENT = held_in_a_forked_child(_disown_contexts)
+_LEFT_TO_THE_PARENT = owner.held_in_a_forked_child(_disown_contexts)
 
 
 @atexit.register

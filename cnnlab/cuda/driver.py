@@ -245,7 +245,8 @@ _STARTED_IN: int | None = None  # the process where visible_count started the dr
 
 
 def refuse_a_forked_child() -> None:
-    """A one-line DeviceError in a child forked from a process where cnnlab started the driver, before it is asked."""
+    """A one-line DeviceError in a child forked from a process where cnnlab started the driver (CudaContext asks first,
+    before the driver is asked)."""
     if _STARTED_IN not in (None, os.getpid()):
         raise DeviceError(FORKED)
 
@@ -253,7 +254,6 @@ def refuse_a_forked_child() -> None:
 def visible_count(driver: Driver) -> int:
     """Start the driver (where it has not started); how many GPUs it sees."""
     global _STARTED_IN
-    refuse_a_forked_child()
     with device_errors("cannot start CUDA"):
         driver.init()
         _STARTED_IN = _STARTED_IN or os.getpid()

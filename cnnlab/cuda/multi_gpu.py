@@ -2,11 +2,11 @@
 owns its GPU's context, and the outputs joined in order.
 
 A CudaContext's calls block, one at a time, so each GPU gets a thread of its own that makes its CudaContext, computes
-its shards and closes it, and the GPUs compute at once. The buffers the reader fills are page-locked once (portable: every GPU's copies
-read them directly); a host batch is split by images, a batch of CSV text by whole pieces of the GPUs' chunk. A
-failure on any GPU ends the run as one on one GPU would: the error reaches the caller, every GPU's context closes.
-The backends are made by the callables given, so that the splitting is tested with stand-ins where one GPU (or none)
-is at hand.
+its shards and closes it, and the GPUs compute at once. The buffers the reader fills are page-locked once (portable:
+every GPU's copies read them directly); a host batch is split by images, a batch of CSV text by whole pieces of the
+GPUs' chunk. A failure on any GPU ends the run as one on one GPU would: the error reaches the caller, every GPU's
+context closes. The backends are made by the callables given, so that the splitting is tested with stand-ins where one
+GPU (or none) is at hand.
 """
 
 from __future__ import annotations
